@@ -1,0 +1,91 @@
+#include "allreduce.hpp"
+
+#include <cstring>
+
+#include "errors.hpp"
+#include "reduce_kernels.hpp"
+#include "shared_memory_allreduce.hpp"
+
+namespace tnt {
+
+namespace {
+const char* const kAlgorithmNames[] = {"auto", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "mpi"};
+constexpr std::size_t kSmallMessageBytes = 64 * 1024;
+
+bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+}  // namespace
+
+const char* algorithm_name(Algorithm algorithm) { return kAlgorithmNames[static_cast<int>(algorithm)]; }
+
+Algorithm algorithm_from_name(const std::string& name) {
+  for (int i = 0; i <= static_cast<int>(Algorithm::mpi); ++i) {
+    if (name == kAlgorithmNames[i]) return static_cast<Algorithm>(i);
+  }
+  throw UsageError("unknown allreduce algorithm '" + name +
+                   "': use auto, ring, recursive_doubling, rabenseifner, shared_memory or mpi");
+}
+
+Range part_of(std::size_t count, int parts, int index) {
+  const std::size_t base = count / parts;
+  const std::size_t extra = count % parts;
+  const std::size_t i = static_cast<std::size_t>(index);
+  return Range{i * base + (i < extra ? i : extra), base + (i < extra ? 1 : 0)};
+}
+
+Allreducer::Allreducer(const ProcessGroup& group) : group_(group.duplicate()) {}
+
+Allreducer::~Allreducer() = default;
+
+Algorithm Allreducer::choose(std::size_t bytes) const {
+  if (group_->on_one_node()) return Algorithm::shared_memory;
+  if (bytes < kSmallMessageBytes) return Algorithm::recursive_doubling;
+  return is_power_of_two(group_->size()) ? Algorithm::rabenseifner : Algorithm::ring;
+}
+
+void Allreducer::check_same_call(const AllreduceCall& call, Algorithm algorithm) {
+  const long long mine[4] = {static_cast<long long>(call.count), static_cast<long long>(call.dtype),
+                             static_cast<long long>(call.op), static_cast<long long>(algorithm)};
+  std::vector<long long> all(4 * group_->size());
+  group_->allgather(mine, sizeof mine, all.data());
+  bool same = true;
+  for (int r = 0; r < group_->size(); ++r) same = same && std::memcmp(&all[4 * r], mine, sizeof mine) == 0;
+  if (same) return;
+  std::string text = "allreduce called differently on different ranks:";
+  for (int r = 0; r < group_->size(); ++r) {
+    const long long* d = &all[4 * r];
+    text += std::string(r ? ";" : "") + " rank " + std::to_string(group_->world_rank_of(r)) + " had " +
+            dtype_name(static_cast<DType>(d[1])) + "[" + std::to_string(d[0]) + "] " +
+            op_name(static_cast<ReduceOp>(d[2])) + " via " + algorithm_name(static_cast<Algorithm>(d[3]));
+  }
+  throw MismatchError(text + ". Every rank must reduce the same number of elements of the same dtype with the same "
+                             "op and algorithm, in the same order");
+}
+
+void Allreducer::run(const AllreduceCall& call, Algorithm algorithm, bool verified) {
+  const std::size_t bytes = call.count * element_size(call.dtype);
+  if (algorithm == Algorithm::shared_memory && !group_->on_one_node()) {
+    throw UsageError("the shared_memory allreduce needs all ranks on one node; use auto or another algorithm");
+  }
+  if (group_->size() == 1) {
+    if (call.out != call.in && bytes) std::memmove(call.out, call.in, bytes);
+    return;
+  }
+  const Algorithm chosen = algorithm == Algorithm::automatic ? choose(bytes) : algorithm;
+  if (chosen == Algorithm::shared_memory) {
+    // Checks the call itself, through the segment headers, at no extra cost.
+    if (!shared_memory_) shared_memory_ = std::make_unique<SharedMemoryAllreduce>(*group_);
+    shared_memory_->run(call);
+    return;
+  }
+  if (!verified) check_same_call(call, algorithm);
+  switch (chosen) {
+    case Algorithm::ring: ring_allreduce(*group_, call, scratch_); break;
+    case Algorithm::recursive_doubling: recursive_doubling_allreduce(*group_, call, scratch_); break;
+    case Algorithm::rabenseifner: rabenseifner_allreduce(*group_, call, scratch_); break;
+    case Algorithm::mpi: mpi_allreduce(*group_, call); break;
+    default: TNT_ASSERT(false, "unresolved algorithm");
+  }
+  finish_average(call.out, call.count, call.dtype, call.op, group_->size());
+}
+
+}  // namespace tnt

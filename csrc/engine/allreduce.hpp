@@ -1,0 +1,74 @@
+// Allreduce over a ProcessGroup, with selectable algorithms.
+//
+// Note [Bitwise identical results]
+// Every algorithm gives the same bits on all ranks, and the same bits across
+// runs with the same inputs, rank count and algorithm: each element's final
+// value is computed either by exactly one rank and then copied to the others
+// (ring, Rabenseifner, shared memory), or by pairs of ranks that combine the
+// same two operands (recursive doubling; IEEE addition, min and max are
+// commutative bit for bit). `auto` depends only on the byte count, the rank
+// count and whether the group is on one node, so all ranks choose alike.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtype.hpp"
+#include "process_group.hpp"
+
+namespace tnt {
+
+enum class Algorithm : int { automatic = 0, ring, recursive_doubling, rabenseifner, shared_memory, mpi };
+
+const char* algorithm_name(Algorithm algorithm);
+Algorithm algorithm_from_name(const std::string& name);  // "auto", "ring", ...; throws UsageError
+
+class SharedMemoryAllreduce;
+
+// What one allreduce call works on; `in` may equal `out`.
+struct AllreduceCall {
+  const void* in;
+  void* out;
+  std::size_t count;
+  DType dtype;
+  ReduceOp op;
+};
+
+// Runs allreduces on its own duplicate of a group (Note [One communicator per
+// user]); use one Allreducer per thread.
+class Allreducer {
+ public:
+  explicit Allreducer(const ProcessGroup& group);
+  ~Allreducer();
+
+  // `verified`: the caller already knows all ranks pass the same count, dtype
+  // and op (a FusedReducer's static buckets), so the per-call check is skipped.
+  void run(const AllreduceCall& call, Algorithm algorithm, bool verified = false);
+  Algorithm choose(std::size_t bytes) const;
+  ProcessGroup& group() { return *group_; }
+
+ private:
+  void check_same_call(const AllreduceCall& call, Algorithm algorithm);
+  std::unique_ptr<ProcessGroup> group_;
+  std::unique_ptr<SharedMemoryAllreduce> shared_memory_;  // made on first use (collective)
+  std::vector<char> scratch_;
+};
+
+// The algorithms; each reduces `call` in place in call.out after copying
+// call.in there, using `scratch` as it needs.
+void ring_allreduce(ProcessGroup& group, const AllreduceCall& call, std::vector<char>& scratch);
+void recursive_doubling_allreduce(ProcessGroup& group, const AllreduceCall& call, std::vector<char>& scratch);
+void rabenseifner_allreduce(ProcessGroup& group, const AllreduceCall& call, std::vector<char>& scratch);
+void mpi_allreduce(ProcessGroup& group, const AllreduceCall& call);
+
+// Splits `count` elements into `parts` contiguous ranges, the first
+// `count % parts` one element longer.
+struct Range {
+  std::size_t offset;
+  std::size_t length;
+};
+Range part_of(std::size_t count, int parts, int index);
+
+}  // namespace tnt

@@ -1,0 +1,57 @@
+#include "c_api.h"
+
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "engine.hpp"
+
+namespace {
+
+int report(const std::exception& error, char* out, size_t size) {
+  if (out && size) {
+    std::strncpy(out, error.what(), size - 1);
+    out[size - 1] = '\0';
+  }
+  return 1;
+}
+
+}  // namespace
+
+extern "C" {
+
+int tnt_engine_abi_version(void) { return 1; }
+
+int tnt_reducer_ready(int reducer, size_t tensor, const void* data, size_t bytes, char* error, size_t error_size) {
+  try {
+    tnt::Engine::get().reducer(reducer).ready(tensor, data, bytes);
+    return 0;
+  } catch (const std::exception& e) {
+    return report(e, error, error_size);
+  }
+}
+
+int tnt_reducer_deliver(int reducer, size_t tensor, void* out, size_t bytes, tnt_done_fn done, void* context,
+                        char* error, size_t error_size) {
+  try {
+    tnt::FusedReducer& target = tnt::Engine::get().reducer(reducer);
+    target.when_reduced(tensor, [&target, tensor, out, bytes, done, context](const std::string& failure) {
+      if (!failure.empty()) {
+        done(context, failure.c_str());
+        return;
+      }
+      try {
+        target.copy_result(tensor, out, bytes);
+      } catch (const std::exception& e) {
+        done(context, e.what());
+        return;
+      }
+      done(context, nullptr);
+    });
+    return 0;
+  } catch (const std::exception& e) {
+    return report(e, error, error_size);
+  }
+}
+
+}  // extern "C"

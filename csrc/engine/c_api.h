@@ -1,0 +1,32 @@
+/* The engine's C interface for the TensorFlow face. Plain C types only, so the
+ * op library, compiled against TensorFlow's headers and flags, cannot clash
+ * with the engine's C++ ABI. Every function returns 0 on success, or non-zero
+ * with a message written to `error` (at most `error_size` bytes, terminated). */
+#ifndef TNT_C_API_H_
+#define TNT_C_API_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Called once the result is in `out`; `error` is NULL on success. */
+typedef void (*tnt_done_fn)(void* context, const char* error);
+
+int tnt_reducer_ready(int reducer, size_t tensor, const void* data, size_t bytes, char* error, size_t error_size);
+
+/* Copies tensor's reduced result into `out` as soon as its bucket is reduced,
+ * then calls done(context, NULL); on failure calls done(context, message).
+ * `done` runs on the progress thread or, if the result is there, at once. */
+int tnt_reducer_deliver(int reducer, size_t tensor, void* out, size_t bytes, tnt_done_fn done, void* context,
+                        char* error, size_t error_size);
+
+/* The engine version the op library was built against must match this. */
+int tnt_engine_abi_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TNT_C_API_H_ */

@@ -1,0 +1,51 @@
+#include "deadline.hpp"
+
+#include <sched.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "errors.hpp"
+#include "log.hpp"
+
+namespace tnt {
+
+Deadline::Deadline(const WaitLimits& limits) : start_(std::chrono::steady_clock::now()), limits_(limits) {}
+
+void back_off(unsigned round) {
+  if (round < 2000) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  } else if (round < 4000) {
+    sched_yield();
+  } else {
+    // Long waits sleep, so an idle or blocked rank leaves its core to compute threads.
+    std::this_thread::sleep_for(std::chrono::microseconds(round < 20000 ? 20 : 200));
+  }
+}
+
+void Deadline::wait(const std::function<bool()>& done, const char* what,
+                    const std::function<std::string()>& describe_missing) {
+  for (unsigned round = 0;; ++round) {
+    if (done()) return;
+    back_off(round);
+    if ((round & 63u) != 63u) continue;
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    if (!warned_ && waited > limits_.stall_warning_seconds) {
+      warned_ = true;
+      log_warning(std::string(what) + " has waited " + std::to_string(static_cast<int>(waited)) +
+                  " s for " + describe_missing() +
+                  "; one of them may be slower, stuck, or running different code (set TNT_LOG_LEVEL=DEBUG for details)");
+    }
+    if (waited > limits_.timeout_seconds) {
+      throw TimeoutError(std::string(what) + " timed out after " + std::to_string(static_cast<int>(waited)) +
+                         " s waiting for " + describe_missing() +
+                         ": those ranks did not take part (crashed, hung, or called a different collective); "
+                         "raise TNT_TIMEOUT_SECONDS (launcher flag --timeout) if they are merely slow");
+    }
+  }
+}
+
+}  // namespace tnt

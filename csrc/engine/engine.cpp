@@ -1,0 +1,112 @@
+#include "engine.hpp"
+
+#include <mpi.h>
+
+#include <cstdlib>
+
+#include "errors.hpp"
+#include "mpi_call.hpp"
+
+namespace tnt {
+
+namespace {
+std::unique_ptr<Engine> g_engine;
+std::mutex g_engine_mutex;
+// Whether MPI_Init was ours, so stop() finalises only what it started.
+bool g_owns_mpi = false;
+}  // namespace
+
+Engine::Engine(const EngineConfig& config) : config_(config) {
+  int initialized = 0;
+  TNT_MPI(MPI_Initialized(&initialized));
+  if (!initialized) {
+    int provided = 0;
+    TNT_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    g_owns_mpi = true;
+  }
+  int provided = 0;
+  TNT_MPI(MPI_Query_thread(&provided));
+  if (provided < MPI_THREAD_MULTIPLE) {
+    throw UsageError("MPI was initialised without MPI_THREAD_MULTIPLE, which tarantella's progress thread needs; "
+                     "import tarantella before initialising MPI, or initialise it with thread level MULTIPLE "
+                     "(mpi4py: mpi4py.rc.thread_level = 'multiple')");
+  }
+  TNT_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  int world_rank = 0;
+  TNT_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  set_log_identity(world_rank, config.log_level, config.log_on_all_devices);
+  world_ = std::make_unique<ProcessGroup>(MPI_COMM_WORLD, config.limits);
+  world_allreducer_ = std::make_unique<Allreducer>(*world_);
+}
+
+Engine& Engine::start(const EngineConfig& config) {
+  std::lock_guard<std::mutex> lock(g_engine_mutex);
+  if (!g_engine) g_engine.reset(new Engine(config));
+  return *g_engine;
+}
+
+Engine& Engine::get() {
+  std::lock_guard<std::mutex> lock(g_engine_mutex);
+  if (!g_engine) throw UsageError("the tarantella engine is not started; call tnt.init() first");
+  return *g_engine;
+}
+
+bool Engine::started() {
+  std::lock_guard<std::mutex> lock(g_engine_mutex);
+  return g_engine != nullptr;
+}
+
+void Engine::stop() {
+  std::unique_ptr<Engine> engine;
+  {
+    std::lock_guard<std::mutex> lock(g_engine_mutex);
+    engine.swap(g_engine);
+  }
+  if (!engine) return;
+  {
+    std::lock_guard<std::mutex> lock(engine->reducers_mutex_);
+    engine->reducers_.clear();
+  }
+  engine->world_allreducer_.reset();
+  engine->world_.reset();
+  engine.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (g_owns_mpi && !finalized) MPI_Finalize();
+}
+
+void Engine::abort_job(int exit_code) {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+int Engine::add_reducer(std::unique_ptr<FusedReducer> reducer) {
+  std::lock_guard<std::mutex> lock(reducers_mutex_);
+  const int id = next_reducer_id_++;
+  reducers_[id] = std::move(reducer);
+  return id;
+}
+
+FusedReducer& Engine::reducer(int id) {
+  std::lock_guard<std::mutex> lock(reducers_mutex_);
+  auto found = reducers_.find(id);
+  if (found == reducers_.end()) throw UsageError("no gradient reducer with id " + std::to_string(id));
+  return *found->second;
+}
+
+void Engine::remove_reducer(int id) {
+  std::unique_ptr<FusedReducer> reducer;
+  {
+    std::lock_guard<std::mutex> lock(reducers_mutex_);
+    auto found = reducers_.find(id);
+    if (found == reducers_.end()) return;
+    reducer = std::move(found->second);
+    reducers_.erase(found);
+  }
+}
+
+}  // namespace tnt

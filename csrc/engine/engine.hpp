@@ -1,0 +1,60 @@
+// The process-wide engine: MPI, the world group, and the reducers in use.
+// Both faces (Python, TensorFlow) reach the same instance through this file,
+// because they are loaded into one process and share libtnt_engine.so.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "allreduce.hpp"
+#include "deadline.hpp"
+#include "fused_reducer.hpp"
+#include "log.hpp"
+#include "process_group.hpp"
+
+namespace tnt {
+
+// Resolved settings; the Python face fills them from tarantella/config.py,
+// the one table of settings (the engine reads no environment variables).
+struct EngineConfig {
+  std::size_t fusion_threshold_bytes;
+  WaitLimits limits;
+  Algorithm algorithm;
+  LogLevel log_level;
+  bool log_on_all_devices;
+};
+
+class Engine {
+ public:
+  // Initialises MPI (MPI_THREAD_MULTIPLE) unless someone else did; later calls return the same engine.
+  static Engine& start(const EngineConfig& config);
+  // The started engine; throws UsageError if start() was not called.
+  static Engine& get();
+  static bool started();
+  // Frees groups and reducers, and finalises MPI if the engine initialised it.
+  static void stop();
+  // Ends the whole job from any rank (MPI_Abort on the world).
+  [[noreturn]] static void abort_job(int exit_code);
+
+  const EngineConfig& config() const { return config_; }
+  ProcessGroup& world() { return *world_; }
+  // For collectives called from the framework's main thread on the world group.
+  Allreducer& world_allreducer() { return *world_allreducer_; }
+
+  int add_reducer(std::unique_ptr<FusedReducer> reducer);
+  FusedReducer& reducer(int id);
+  void remove_reducer(int id);
+
+ private:
+  explicit Engine(const EngineConfig& config);
+  EngineConfig config_;
+  std::unique_ptr<ProcessGroup> world_;
+  std::unique_ptr<Allreducer> world_allreducer_;
+  std::mutex reducers_mutex_;
+  std::map<int, std::unique_ptr<FusedReducer>> reducers_;
+  int next_reducer_id_ = 1;
+};
+
+}  // namespace tnt

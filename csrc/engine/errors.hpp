@@ -1,0 +1,49 @@
+// Two tiers of errors (see Note [Errors] in README of csrc):
+//  - TNT_ASSERT: our own bugs; the message says it is an internal error.
+//  - the exception types below: the user's or the environment's fault; their
+//    messages say what was expected, the likely cause and what to change.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace tnt {
+
+// Base of every error the engine raises on purpose.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// An MPI call failed; carries MPI's own error text.
+class MpiError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Ranks disagree about a collective (size, dtype, op, layout).
+class MismatchError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A wait went beyond the configured timeout; names the ranks not heard from.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Bad arguments from the caller (wrong size, unknown name, wrong state).
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+[[noreturn]] void internal_error(const char* file, int line, const std::string& what);
+
+}  // namespace tnt
+
+#define TNT_ASSERT(cond, what)                                   \
+  do {                                                           \
+    if (!(cond)) ::tnt::internal_error(__FILE__, __LINE__, what); \
+  } while (0)

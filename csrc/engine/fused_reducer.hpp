@@ -1,0 +1,140 @@
+// The fused, non-blocking gradient reducer.
+//
+// Tensors (gradients) are registered once, in the order the framework expects
+// them to become ready, and laid out into buckets: consecutive tensors of one
+// dtype share a bucket until it holds at least the fusion threshold (0: one
+// bucket per tensor). Each training step, every tensor is marked ready once
+// and its result collected once.
+//
+// Note [Buckets are reduced in id order]
+// Collectives must be issued in the same order on every rank, but ranks may
+// mark tensors ready in different orders. Buckets therefore have static ids
+// and the progress thread reduces them strictly in id order: a bucket that is
+// complete early simply waits for its predecessors. Nothing deadlocks and no
+// bucket is matched with another rank's different bucket; if the framework's
+// real order differs from the registered one, only overlap is lost.
+//
+// Lifecycle, in the order the stages run:
+//   FusedReducer()   framework thread, once: lay out buckets, check that all
+//                    ranks registered the same layout (collective), start the
+//                    progress thread.
+//   ready()          any framework thread, once per tensor per step, as soon
+//                    as the tensor exists: copy it into its bucket; the last
+//                    copy into a bucket queues the bucket.
+//   progress_loop()  the progress thread: allreduce queued buckets in id
+//                    order (Note [Buckets are reduced in id order]), then wake
+//                    the bucket's waiters.
+//   when_reduced() / wait()
+//                    any framework thread, once per tensor per step: get the
+//                    tensor's result (by callback or blocking); the last
+//                    collection of a bucket makes it ready for the next step.
+//   ~FusedReducer()  framework thread: stop and join the progress thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "allreduce.hpp"
+#include "dtype.hpp"
+#include "process_group.hpp"
+
+namespace tnt {
+
+struct TensorSpec {
+  std::size_t count;
+  DType dtype;
+};
+
+// When a bucket went through its stages in the last step, in seconds since
+// the reducer started; for measuring overlap.
+struct BucketTimes {
+  double queued = 0;    // the last tensor of the bucket was marked ready
+  double started = 0;   // the progress thread began its allreduce
+  double finished = 0;  // the allreduce ended
+};
+
+class FusedReducer {
+ public:
+  // Called with an empty string on success, or the error text.
+  using Callback = std::function<void(const std::string& error)>;
+
+  FusedReducer(const ProcessGroup& group, std::vector<TensorSpec> tensors, std::size_t fusion_threshold_bytes,
+               ReduceOp op, Algorithm algorithm);
+  ~FusedReducer();
+  FusedReducer(const FusedReducer&) = delete;
+  FusedReducer& operator=(const FusedReducer&) = delete;
+
+  void ready(std::size_t tensor, const void* data, std::size_t bytes);
+  // Calls `callback` once the tensor's bucket is reduced (at once if it is),
+  // on the progress thread or the caller's; the callback then calls
+  // copy_result() for this tensor, exactly once.
+  void when_reduced(std::size_t tensor, Callback callback);
+  void copy_result(std::size_t tensor, void* out, std::size_t bytes);
+  // Blocking form of when_reduced + copy_result, under the timeout.
+  void wait(std::size_t tensor, void* out, std::size_t bytes);
+
+  std::size_t tensor_count() const { return tensors_.size(); }
+  std::size_t bucket_count() const { return buckets_.size(); }
+  std::size_t bucket_of(std::size_t tensor) const;
+  std::size_t bucket_bytes(std::size_t bucket) const;
+  std::vector<BucketTimes> last_step_times() const;
+
+ private:
+  enum class State { filling, queued, reducing, reduced };
+
+  struct TensorSlot {
+    std::size_t bucket;        // index into buckets_
+    std::size_t offset;        // first element inside the bucket's buffer
+    TensorSpec spec;
+    std::atomic<bool> marked{false};     // ready() seen this step
+    std::atomic<bool> collected{false};  // copy_result() seen this step
+  };
+
+  struct Bucket {
+    DType dtype;
+    std::size_t count = 0;                 // elements, sum of its tensors' counts
+    std::vector<std::size_t> tensors;      // its tensors, in registration order
+    std::vector<char> buffer;              // inputs, then (once reduced) results; reduced in place
+    std::atomic<int> missing_inputs{0};    // tensors not yet ready this step; 0 -> queued
+    std::atomic<int> missing_outputs{0};   // tensors not yet collected this step; 0 -> filling again
+    State state = State::filling;          // guarded by mutex_
+    std::vector<Callback> waiters;         // guarded by mutex_; run once reduced
+    BucketTimes times;                     // guarded by mutex_
+  };
+
+  void lay_out(std::size_t fusion_threshold_bytes);
+  void check_same_layout(std::size_t fusion_threshold_bytes);
+  void progress_loop();
+  void fail(const std::string& error);
+  double now() const;
+  TensorSlot& slot(std::size_t tensor, std::size_t bytes, const char* what);
+
+  std::unique_ptr<Allreducer> allreducer_;  // used only by the progress thread (Note [One communicator per user])
+  ReduceOp op_;
+  Algorithm algorithm_;
+  std::vector<std::unique_ptr<TensorSlot>> tensors_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+
+  mutable std::mutex mutex_;
+  std::condition_variable queued_;    // the progress thread waits here for its next bucket
+  std::condition_variable reduced_;   // blocking wait() waits here
+  bool stopping_ = false;             // guarded by mutex_
+  std::string error_;                 // guarded by mutex_; once set, every call fails with it
+  std::exception_ptr error_ptr_;      // guarded by mutex_; the exception behind error_
+  std::atomic<bool> failed_{false};   // error_ is set; read without the lock on hot paths
+  std::size_t next_bucket_ = 0;       // progress thread only: the bucket it reduces next
+  std::thread progress_thread_;       // last member: starts after everything above exists
+};
+
+}  // namespace tnt

@@ -1,0 +1,58 @@
+// Rabenseifner: a reduce-scatter by recursive halving (each step exchanges
+// half of the remaining range with a partner) followed by an allgather by
+// recursive doubling that retraces the same ranges. Bandwidth-optimal like the
+// ring but in 2*log2(p) steps; each element is reduced by one rank only.
+#include <cstring>
+
+#include "allreduce.hpp"
+#include "exchange.hpp"
+#include "power_of_two_fold.hpp"
+#include "reduce_kernels.hpp"
+
+namespace tnt {
+
+void rabenseifner_allreduce(ProcessGroup& group, const AllreduceCall& call, std::vector<char>& scratch) {
+  const std::size_t elem = element_size(call.dtype);
+  char* out = static_cast<char*>(call.out);
+  if (call.out != call.in) std::memmove(out, call.in, call.count * elem);
+  const Fold fold(group.rank(), group.size());
+  fold_in(group, fold, call, scratch);
+  if (fold.core_rank >= 0) {
+    // What each halving step split and which half this rank kept, retraced backwards.
+    struct Halving {
+      Range whole;
+      bool kept_upper;
+    };
+    std::vector<Halving> steps;
+    Range mine{0, call.count};
+    scratch.resize((call.count / 2 + 1) * elem);
+    for (int mask = fold.core_size / 2; mask >= 1; mask >>= 1) {
+      const int partner = fold.group_rank_of(fold.core_rank ^ mask);
+      const Range lower{mine.offset, mine.length / 2};
+      const Range upper{mine.offset + lower.length, mine.length - lower.length};
+      const bool keep_upper = (fold.core_rank & mask) != 0;
+      const Range keep = keep_upper ? upper : lower;
+      const Range give = keep_upper ? lower : upper;
+      exchange(group, out + give.offset * elem, give.length * elem, partner, scratch.data(), keep.length * elem,
+               partner, "Rabenseifner allreduce (reduce-scatter)");
+      reduce_into(out + keep.offset * elem, scratch.data(), keep.length, call.dtype, call.op);
+      steps.push_back({mine, keep_upper});
+      mine = keep;
+    }
+    for (int mask = 1; mask < fold.core_size; mask <<= 1) {
+      const Range whole = steps.back().whole;
+      const bool have_upper = steps.back().kept_upper;
+      steps.pop_back();
+      const int partner = fold.group_rank_of(fold.core_rank ^ mask);
+      const Range lower{whole.offset, whole.length / 2};
+      const Range upper{whole.offset + lower.length, whole.length - lower.length};
+      const Range missing = have_upper ? lower : upper;
+      exchange(group, out + mine.offset * elem, mine.length * elem, partner, out + missing.offset * elem,
+               missing.length * elem, partner, "Rabenseifner allreduce (allgather)");
+      mine = whole;
+    }
+  }
+  fold_out(group, fold, call);
+}
+
+}  // namespace tnt

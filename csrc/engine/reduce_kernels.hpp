@@ -1,0 +1,28 @@
+// Element-wise reduction kernels. Every kernel combines its inputs in the
+// order given, so the same inputs in the same order give the same bits.
+// float16 and bfloat16 are widened to float32, combined, and rounded back
+// to nearest-even once per call.
+#pragma once
+
+#include <cstddef>
+
+#include "dtype.hpp"
+
+namespace tnt {
+
+// acc[i] = acc[i] (op) in[i]; `average` combines like `sum`.
+void reduce_into(void* acc, const void* in, std::size_t count, DType dtype, ReduceOp op);
+
+// out[i] = in[0][i] (op) in[1][i] (op) ... (op) in[n-1][i], left to right.
+// `out` may alias in[0].
+void reduce_many(void* out, const void* const* in, int n, std::size_t count, DType dtype, ReduceOp op);
+
+// For `average`: buf[i] /= divisor (integers truncate toward zero). No-op for other ops.
+void finish_average(void* buf, std::size_t count, DType dtype, ReduceOp op, int divisor);
+
+float half_to_float(unsigned short bits);
+unsigned short float_to_half(float value);
+float bfloat16_to_float(unsigned short bits);
+unsigned short float_to_bfloat16(float value);
+
+}  // namespace tnt

@@ -1,0 +1,55 @@
+// GASPI-style one-sided communication on one node: every rank of a group
+// owns a segment (an MPI-3 shared window) that all the others map, and a row
+// of notification flags in its header. A rank writes only its own segment
+// and flags; it reads the others' after seeing their flags.
+//
+// Note [Notifications are epochs]
+// A flag holds the number of the last epoch (round, call) its owner finished
+// for that stage. Flags only grow, so they are never reset, and a reader
+// waits for `flag >= epoch`. The owner's data writes happen before its
+// release-store of the flag; the reader's acquire-load of the flag happens
+// before its reads, so a seen flag means the data is there.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "process_group.hpp"
+
+namespace tnt {
+
+class SharedSegments {
+ public:
+  static constexpr int kFlags = 8;
+  static constexpr std::size_t kHeaderBytes = 1024;  // flags, each on its own cache line, + owner's notes
+
+  // Collective over `group`, which must be on one node.
+  SharedSegments(ProcessGroup& group, std::size_t data_bytes);
+  ~SharedSegments();
+  SharedSegments(const SharedSegments&) = delete;
+  SharedSegments& operator=(const SharedSegments&) = delete;
+
+  char* data(int rank) const { return bases_[rank] + kHeaderBytes; }
+  // Bytes of rank's header after the flags, for small notes such as a call descriptor.
+  char* notes(int rank) const { return bases_[rank] + kFlags * 64; }
+  std::size_t data_bytes() const { return data_bytes_; }
+
+  void notify(int flag, std::uint64_t epoch);
+  std::uint64_t peek(int rank, int flag) const;
+  // Waits until every other rank's `flag` reached `epoch`; `what` names the
+  // stage in the timeout message, which lists the ranks still behind.
+  void wait_for_others(int flag, std::uint64_t epoch, const char* what);
+
+ private:
+  std::atomic<std::uint64_t>* flag_of(int rank, int flag) const;
+  ProcessGroup& group_;
+  MPI_Win window_ = MPI_WIN_NULL;
+  std::size_t data_bytes_;
+  std::vector<char*> bases_;
+};
+
+}  // namespace tnt

@@ -1,0 +1,98 @@
+"""Collectives on numpy arrays: allreduce, broadcast, allgather, barrier.
+
+Every rank of the group must call the same collective, in the same order,
+with arrays of the same size and dtype (allgather and the object variants
+excepted); otherwise every rank raises tnt.MismatchError or, after
+TNT_TIMEOUT_SECONDS, a TimeoutError naming the ranks not heard from.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+
+from tarantella import runtime
+
+__all__ = ["Group", "allreduce", "broadcast", "allgather", "barrier", "broadcast_object", "allgather_object"]
+
+
+class Group:
+    """A set of ranks running collectives together (the world, or a split of it)."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    @classmethod
+    def world(cls) -> "Group":
+        return cls(runtime.world_group())
+
+    @property
+    def rank(self) -> int:
+        return self._handle.rank
+
+    @property
+    def size(self) -> int:
+        return self._handle.size
+
+    def world_rank_of(self, rank: int) -> int:
+        return self._handle.world_rank_of(rank)
+
+    def split(self, color: int, key: int | None = None) -> "Group":
+        """A sub-group of the ranks that pass the same `color`, ordered by `key` (default: rank). Collective."""
+        return Group(self._handle.split(color, self.rank if key is None else key))
+
+    def __repr__(self) -> str:
+        return f"Group(rank={self.rank}, size={self.size})"
+
+
+def _handle(group: Group | None):
+    return runtime.world_group() if group is None else group._handle
+
+
+def allreduce(array, op: str = "sum", algorithm: str | None = None, out: np.ndarray | None = None,
+              group: Group | None = None) -> np.ndarray:
+    """Reduce `array` element-wise over all ranks; every rank gets the result.
+
+    op: "sum", "average", "min" or "max". algorithm: "auto" (default: the
+    configured TNT_ALLREDUCE_ALGORITHM), "ring", "recursive_doubling",
+    "rabenseifner", "shared_memory" (ranks on one node) or "mpi".
+    Results are bitwise identical on all ranks. Integer averages truncate toward zero.
+    """
+    from tarantella import _engine
+    chosen = algorithm if algorithm is not None else runtime.settings().allreduce_algorithm
+    data = np.asarray(array)
+    return _engine.allreduce(data, out, op, chosen, _handle(group))
+
+
+def broadcast(array, root: int = 0, group: Group | None = None) -> np.ndarray:
+    """Every rank gets root's `array` (in place when `array` is a writable C-contiguous array)."""
+    from tarantella import _engine
+    data = np.asarray(array)
+    result = _engine.broadcast(data, root, _handle(group))
+    if result is not data and isinstance(array, np.ndarray) and array.flags.writeable:
+        array[...] = result.reshape(array.shape)
+        return array
+    return result
+
+
+def allgather(array, group: Group | None = None) -> np.ndarray:
+    """Stack every rank's `array` (same shape and dtype on all ranks) along a new first axis."""
+    from tarantella import _engine
+    return _engine.allgather(np.asarray(array), _handle(group))
+
+
+def barrier(group: Group | None = None) -> None:
+    _handle(group).barrier()
+
+
+def allgather_object(value: Any, group: Group | None = None) -> list:
+    """Every rank's picklable `value`, in rank order."""
+    from tarantella import _engine
+    blocks = _engine.allgather_bytes(pickle.dumps(value), _handle(group))
+    return [pickle.loads(block) for block in blocks]
+
+
+def broadcast_object(value: Any, root: int = 0, group: Group | None = None) -> Any:
+    """Root's picklable `value` on every rank."""
+    return allgather_object(value if _handle(group).rank == root else None, group)[root]
