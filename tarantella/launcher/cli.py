@@ -1,0 +1,198 @@
+"""tarantella: run a program on several ranks (processes), over MPI.
+
+    tarantella [options] [--] program [args]
+
+The program runs once per rank. A program ending in .py runs with the Python
+interpreter (--python-interpreter); anything else runs as a binary. `--` ends the
+launcher's options; it may be left out when the program is the first word that is
+not an option, and is needed when the program starts with '-' (`-- -m module`).
+
+Recipes
+  tarantella -n 4 -- train.py --epochs 2        4 ranks on this host
+  tarantella --hostfile hosts -- train.py       on the listed hosts, each taking its
+                                                slots (1 if none given) ranks
+  tarantella --hostfile hosts --npernode 2 --pin-to-socket -- train.py
+                                                2 ranks per host, one per socket
+  tarantella -n 2 --output-on-all-devices -- train.py
+                                                every rank's output, lines tagged "[rank] "
+  tarantella -n 2 -x TF_CPP_MIN_LOG_LEVEL=2 -- train.py
+                                                a variable for every rank
+  tarantella -n 2 --python-interpreter="valgrind --leak-check=yes python" -- test.py
+  tarantella -n 2 --python-interpreter= -- ./a.out    a binary (so is any non-.py program)
+  tarantella -n 2 --dry-run -- train.py         print the command, run nothing
+  salloc -N 2 --ntasks-per-node 4 tarantella -- train.py
+                                                in Slurm: srun places SLURM_NTASKS ranks
+
+Definitions
+  rank          one process of the job, numbered 0..n-1; rank 0 is the master rank
+  node, host    a machine; the local rank is a rank's number among those on its host
+  slots         how many ranks a host of the hostfile takes when --npernode is absent
+  socket        a NUMA node with CPUs, as `numactl --hardware` lists them
+
+Placement
+  -n N, no hostfile         N ranks on this host (Slurm: srun places them)
+  --hostfile F              hosts from F, each taking --npernode ranks, or its slots;
+                            n is their sum, or -n N fills the hosts in file order
+  nothing                   1 rank (Slurm: SLURM_NTASKS ranks if set)
+  Hostfile lines: `host`, `host slots=K` or `host:K`; `#` starts a comment.
+
+Flags (units and defaults)
+  -n N                      number of ranks; default: see Placement
+  --hostfile FILE           hosts to run on; default: this host
+  --npernode N              ranks per host (aliases --n-per-node, --devices-per-node);
+                            default: each host's slots (no hostfile: n)
+  -x KEY=VALUE              export KEY=VALUE to every rank; repeatable
+  --pin-to-socket           run local rank i under `numactl --cpunodebind=S --preferred=S`,
+                            S the i-th socket: at most one rank per socket; off by default
+  --pin-memory-to-socket    the same with --membind=S (memory only from S); implies
+                            --pin-to-socket; off by default
+  --python-interpreter STR  command that runs .py programs, split like a shell would;
+                            default: the interpreter running tarantella ({python});
+                            "" runs the program as a binary
+  --dry-run                 print the full command, shell-quoted on one line, and exit 0
+  --version                 print the version and exit
+
+{settings}
+
+What every rank receives in its environment
+  TNT_*                     every runtime setting above, resolved: the flag, else -x,
+                            else the launcher's environment, else the default
+  TNT_LAUNCHED=1            the program was started by this launcher
+  -x variables              as given
+  OMP_NUM_THREADS, TF_NUM_INTRAOP_THREADS
+                            the rank's share of its host's CPUs (CPUs // ranks on the
+                            host, at least 1; pinned: the CPUs of its socket), unless
+                            set in the launcher's environment or with -x
+  TF_NUM_INTEROP_THREADS    2, unless set: one inter-op thread may wait in a blocking
+                            collective while the other keeps the backward pass going
+  plus what the MPI sets (OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, ...). Other
+  variables of the launcher's environment reach the ranks on this host only (Open
+  MPI and MPICH do not copy them to other hosts): pass them with -x.
+
+Output
+  By default only the master rank is heard: its stdout and stderr pass unchanged;
+  other ranks' stdout is discarded and their stderr is kept back (its last lines are
+  shown if the rank fails). --output-on-all-devices shows stdout and stderr of all
+  ranks, --log-on-all-devices the stderr of all ranks; then every shown line starts
+  with "[rank] ". Lines of different ranks may interleave.
+
+Failures and exit codes
+  The first rank whose program fails (non-zero exit code, or killed by a signal)
+  ends the job: the MPI stops the other ranks at once, and if the job still runs
+  10 s later the launcher stops it. The report names that rank first: rank, host,
+  exit code or signal, and the last lines of its stderr. tarantella exits with that
+  rank's exit code (128 + N for a rank killed by signal N), 0 when all ranks
+  succeed, and 2 for a launch that cannot start: bad options, a missing or empty
+  hostfile, no program, no mpirun, no numactl for pinning, more pinned ranks per
+  host than sockets. Ctrl-C or SIGTERM stop the job.
+
+Mechanics
+  The launcher runs `mpirun` found next to its Python interpreter, else on PATH
+  (Open MPI or MPICH, told apart by `mpirun --version`), or `srun` inside a Slurm
+  allocation (SLURM_JOB_ID set). Open MPI gets --bind-to none (its default would
+  bind each rank, threads and all, to one core), --allow-run-as-root when run as
+  root, and --oversubscribe when more ranks than physical cores run on this host.
+  Every rank runs the program under tarantella/launcher/rank_wrapper.py (threads,
+  pinning, output, exit records); interpreter and wrapper must exist at the same
+  paths on every host. --log-level INFO or DEBUG also prints the command.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, Sequence
+
+from . import pinning
+from .hostfile import HostfileError
+from .launch_plan import PlanError, make_plan
+from .local_host import LocalHost, probe_local_host
+from .mpi_detect import MpiLauncher, MpiNotFound, find_launcher
+from .mpirun_command import build_command, format_command
+from .setting_flags import SettingValueError, add_setting_flags, settings_manual
+from .supervisor import run_job
+
+__all__ = ["main", "build_parser", "MANUAL"]
+
+MANUAL = __doc__.replace("{python}", sys.executable).replace(
+    "{settings}", "Runtime settings (from the table in tarantella/config.py)\n" + settings_manual())
+USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line `tarantella: error: ...`, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        raise UsageError(message)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("tarantella")
+    except Exception:  # not installed (run from a source tree)
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tarantella", usage="tarantella [options] [--] program [args]",
+                     description=MANUAL[MANUAL.index("The program runs"):],
+                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    parser.add_argument("-n", dest="nranks", type=int, metavar="N",
+                        help="number of ranks (default: see Placement)")
+    parser.add_argument("--hostfile", metavar="FILE", help="hosts to run on (default: this host)")
+    parser.add_argument("--npernode", "--n-per-node", "--devices-per-node", dest="npernode",
+                        type=int, metavar="N",
+                        help="ranks per host (default: each host's slots; no hostfile: n)")
+    parser.add_argument("-x", dest="exports", action="append", default=[], metavar="KEY=VALUE",
+                        help="export KEY=VALUE to every rank; repeatable")
+    parser.add_argument("--pin-to-socket", action="store_true",
+                        help="pin local rank i to socket i with numactl --cpunodebind --preferred")
+    parser.add_argument("--pin-memory-to-socket", action="store_true",
+                        help="as --pin-to-socket, with numactl --membind (memory only from it)")
+    parser.add_argument("--python-interpreter", metavar="STR", default=None,
+                        help=f"runs .py programs (default: {sys.executable}); '' runs a binary")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the command on one line and exit 0")
+    parser.add_argument("--version", action="version", version=f"tarantella {_version()}")
+    add_setting_flags(parser)
+    parser.add_argument("program", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"tarantella: error: {message}", file=sys.stderr, flush=True)
+    return USAGE_ERROR
+
+
+def main(argv: Sequence[str] | None = None, *, environ=None, launcher: MpiLauncher | None = None,
+         local_host: LocalHost | None = None,
+         probe_numa: Callable[[], list] | None = None) -> int:
+    """The `tarantella` command. The keyword arguments stand in for the machine in tests:
+    the environment, the detected MPI, facts about this host, and the NUMA probe."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    environ = dict(os.environ if environ is None else environ)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as error:
+        return _fail(str(error))
+    except SystemExit as done:  # --help, --version
+        return done.code if isinstance(done.code, int) else 0
+    if args.program[:1] == ["--"]:
+        args.program = args.program[1:]
+    try:
+        launcher = launcher or find_launcher(environ)
+        plan = make_plan(args, environ, launcher.kind, probe_numa or pinning.probe_numa_nodes)
+        command = build_command(plan, launcher, local_host or probe_local_host())
+    except (PlanError, HostfileError, SettingValueError, MpiNotFound,
+            pinning.PinningError) as error:
+        return _fail(str(error))
+    if args.dry_run:
+        print(format_command(command), flush=True)
+        return 0
+    if plan.rank_env.get("TNT_LOG_LEVEL") in ("DEBUG", "INFO"):
+        print(f"tarantella: {launcher.version}; running: {format_command(command)}",
+              file=sys.stderr, flush=True)
+    return run_job(command)

@@ -1,0 +1,147 @@
+"""The launch plan: what the user asked for, resolved and checked, before any
+MPI-specific spelling (mpirun_command.py turns it into a command line).
+
+Placement rules (see also the manual in cli.py):
+  --hostfile, no -n     every host takes --npernode ranks, or its slots (1 if not
+                        given) when --npernode is absent; n is the sum
+  --hostfile and -n     hosts are filled in file order up to those numbers; asking
+                        for more ranks than they offer is an error
+  -n, no hostfile       all ranks on this host (inside a Slurm allocation: srun
+                        places them in the allocation)
+  neither               1 rank on this host (in Slurm: SLURM_NTASKS ranks if set)
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import shutil
+import sys
+from typing import Callable, Mapping
+
+from tarantella.config import load_config
+
+from . import pinning
+from .hostfile import read_hostfile
+from .mpi_detect import SLURM
+from .rank_wrapper import THREAD_VARIABLES
+from .setting_flags import resolve_setting_env
+
+__all__ = ["LaunchPlan", "PlanError", "make_plan", "program_command"]
+
+_VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class PlanError(ValueError):
+    """The request cannot be launched; the message says what to change."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    nranks: int
+    hosts: tuple[tuple[str, int], ...]  # (host, ranks on it) in rank order; () = not chosen by us
+    npernode: int | None                # ranks per host, when the user gave --npernode
+    ranks_per_host: int | None          # the most ranks any host gets; None if srun decides
+    program: tuple[str, ...]            # what every rank runs (interpreter included)
+    rank_env: dict[str, str]            # exported to every rank, in this order
+    output_all: bool                    # --output-on-all-devices
+    errors_all: bool                    # --log-on-all-devices
+    pin_prefixes: tuple[str, ...] = ()  # numactl prefix per local rank; () = no pinning
+    threads_per_rank: int | None = None  # thread default when pinned (CPUs of one NUMA node)
+
+
+def parse_exports(items: list[str]) -> dict[str, str]:
+    exported: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise PlanError(f"-x {item!r} has no '='; write -x {item}=VALUE")
+        if not _VARIABLE_NAME.match(name):
+            raise PlanError(f"-x {item!r}: {name!r} is not a valid environment variable name")
+        exported[name] = value
+    return exported
+
+
+def program_command(program: list[str], interpreter: str | None,
+                    path: str | None = None) -> list[str]:
+    """A program ending in .py, or starting with an interpreter option (-m module,
+    -c code), runs with the interpreter; anything else runs as a binary."""
+    if not program:
+        raise PlanError("no program given; write: tarantella [options] -- program [args]")
+    words = [sys.executable] if interpreter is None else shlex.split(interpreter)
+    first = program[0]
+    with_interpreter = bool(words) and (first.startswith("-") or first.endswith(".py"))
+    if first.startswith("-") and not words:
+        raise PlanError(f"{first!r} is an interpreter option, but --python-interpreter is empty")
+    if first.endswith(".py") and with_interpreter and not os.path.isfile(first):
+        raise PlanError(f"program {first!r} does not exist (relative to {os.getcwd()})")
+    command = words + list(program) if with_interpreter else list(program)
+    if shutil.which(command[0], path=path) is None:
+        what = "--python-interpreter" if with_interpreter else "program"
+        raise PlanError(f"{what} {command[0]!r} is not an executable file nor on PATH")
+    return command
+
+
+def _placement(args, environ: Mapping[str, str], launcher_kind: str):
+    """(nranks, hosts, ranks_per_host)."""
+    if args.nranks is not None and args.nranks < 1:
+        raise PlanError(f"-n must be at least 1, got {args.nranks}")
+    if args.npernode is not None and args.npernode < 1:
+        raise PlanError(f"--npernode must be at least 1, got {args.npernode}")
+    if args.hostfile is not None:
+        hosts = read_hostfile(args.hostfile)
+        capacity = [args.npernode or host.slots or 1 for host in hosts]
+        nranks = sum(capacity) if args.nranks is None else args.nranks
+        if nranks > sum(capacity):
+            per = f"--npernode {args.npernode}" if args.npernode else "their slots"
+            raise PlanError(
+                f"-n {nranks} asks for more ranks than the {len(hosts)} host(s) of {args.hostfile} "
+                f"offer with {per} ({sum(capacity)}); add hosts, raise --npernode or slots=K, "
+                f"or lower -n")
+        placed, left = [], nranks
+        for host, room in zip(hosts, capacity):
+            if left == 0:
+                break
+            take = min(room, left)
+            placed.append((host.name, take))
+            left -= take
+        return nranks, tuple(placed), max(take for _, take in placed)
+    if launcher_kind == SLURM:
+        nranks = args.nranks or int(environ.get("SLURM_NTASKS", "0") or 0) or 1
+        return nranks, (), args.npernode
+    if args.nranks is not None and args.npernode is not None and args.nranks != args.npernode:
+        raise PlanError(
+            f"without --hostfile all ranks run on this host, so -n {args.nranks} and "
+            f"--npernode {args.npernode} disagree; give one of them, or a --hostfile")
+    nranks = args.nranks or args.npernode or 1
+    return nranks, (), nranks
+
+
+def make_plan(args, environ: Mapping[str, str], launcher_kind: str,
+              probe_numa: Callable[[], list] = pinning.probe_numa_nodes) -> LaunchPlan:
+    nranks, hosts, ranks_per_host = _placement(args, environ, launcher_kind)
+    program = program_command(list(args.program), args.python_interpreter, environ.get("PATH"))
+    exported = parse_exports(args.exports)
+    settings = resolve_setting_env(args, exported, environ)
+    config = load_config(settings)
+
+    rank_env = dict(settings)
+    for name in THREAD_VARIABLES:  # set by the user for the launcher: every rank gets it
+        if name in environ and name not in exported:
+            rank_env[name] = environ[name]
+    rank_env.update((name, value) for name, value in exported.items() if name not in settings)
+    rank_env["TNT_LAUNCHED"] = "1"
+
+    prefixes, threads = (), None
+    if args.pin_to_socket or args.pin_memory_to_socket:
+        nodes = probe_numa()
+        if ranks_per_host is not None:
+            pinning.check_ranks_fit(ranks_per_host, nodes)
+        prefixes = tuple(pinning.numactl_prefixes(nodes, membind=args.pin_memory_to_socket))
+        threads = min(len(node.cpus) for node in nodes)
+
+    return LaunchPlan(nranks=nranks, hosts=hosts, npernode=args.npernode,
+                      ranks_per_host=ranks_per_host, program=tuple(program), rank_env=rank_env,
+                      output_all=config.output_on_all_devices, errors_all=config.log_on_all_devices,
+                      pin_prefixes=prefixes, threads_per_rank=threads)

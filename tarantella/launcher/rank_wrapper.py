@@ -1,0 +1,365 @@
+"""The small supervisor that runs around every rank's program.
+
+The launcher does not ask mpirun (or srun) to start the user's program directly;
+it starts this file on every rank, which then starts the program as its child:
+
+    mpirun ... python .../tarantella/launcher/rank_wrapper.py [options] -- program args
+
+Per rank, it
+  * sets the default thread counts (OMP_NUM_THREADS, TF_NUM_INTRAOP_THREADS,
+    TF_NUM_INTEROP_THREADS) that are not already in the environment
+    (Note [Thread defaults]);
+  * puts the numactl prefix of its local rank in front of the program when the
+    launcher asked for pinning (--local-rank-prefix, one per local rank);
+  * shows, silences or prefixes the program's output (Note [Which output is shown]);
+  * keeps the last lines of the program's stderr and, when the program ends with a
+    non-zero code or a signal, writes one exit record line to its own stderr
+    (Note [Exit records]); the launcher's supervisor reads the first one and names
+    that rank as the root cause;
+  * forwards the signals it receives to the program, stops the program when its own
+    parent (mpirun's daemon or srun) disappears, and exits the way the program did
+    (same exit code, or the same signal), so that MPI sees the program's own status.
+
+It is run by path, with the interpreter the launcher runs under, and imports only
+the standard library: importing the `tarantella` package would load the engine in
+every wrapper process. It must therefore stay one self-contained file.
+
+Note [Which output is shown]
+  Without flags, only the master rank (rank 0) is heard: its stdout and stderr pass
+  through unchanged; the stdout of the other ranks is discarded and their stderr is
+  kept back (its last lines appear in the failure report if the rank fails).
+  --output-on-all-devices shows stdout and stderr of every rank, and
+  --log-on-all-devices shows the stderr (where logs go) of every rank. As soon as
+  more than the master's output is shown, every shown line of every rank, the
+  master's included, starts with "[rank] " so that lines can be told apart.
+
+Note [Exit records]
+  One line on the wrapper's stderr: EXIT_RECORD_MARKER followed by a JSON object
+  (rank, size, local_rank, host, pid, exit_code, signal, cause, command,
+  stderr_tail, stderr_shown). It travels the way all rank output travels (mpirun,
+  srun and MPICH's hydra all forward stderr to the launcher), so it needs no shared
+  file system between hosts. It is written in a single write, after the program's
+  own output, and only when the program ended with a non-zero code or a signal.
+  cause is "failed" when the program ended on its own, and "stopped" when it ended
+  after this wrapper forwarded it a terminating signal (the MPI stopping the job
+  because another rank failed, or the user pressing Ctrl-C) or lost its parent.
+
+Note [Thread defaults]
+  Each rank gets its share of the CPUs it may run on: the CPUs of its affinity
+  mask divided by the ranks on its node (at least 1). With pinning, the launcher
+  passes --threads-per-rank (the CPUs of one NUMA node), because the numactl
+  binding applies to the program, not to this wrapper. TF_NUM_INTEROP_THREADS is 2:
+  inter-op threads mostly dispatch kernels and wait, and with two of them one can
+  wait in a blocking collective (a FinishAllreduce op) while the other keeps the
+  backward pass going; more would compete with the intra-op threads for the rank's
+  share of the cores. A variable that is already set (in the launcher's environment
+  or given with -x) is never changed.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+EXIT_RECORD_MARKER = "@@tarantella-rank-exit@@ "
+STDERR_TAIL_LINES = 40
+STDERR_TAIL_CHARS = 3000
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+INTEROP_THREADS = 2
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+                     signal.SIGUSR1, signal.SIGUSR2)
+_STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_PARENT_POLL_SECONDS = 1.0
+_STOP_GRACE_SECONDS = 5.0
+
+
+class RankIdentity:
+    """Where this process sits in the job, read from the variables the MPI sets."""
+
+    def __init__(self, rank: int, size: int | None, local_rank: int, local_size: int | None):
+        self.rank = rank
+        self.size = size
+        self.local_rank = local_rank
+        self.local_size = local_size
+
+
+def _first_int(environ, names):
+    for name in names:
+        value = environ.get(name)
+        if value is not None and value.strip().lstrip("-").isdigit():
+            return int(value)
+    return None
+
+
+def _slurm_local_size(environ) -> int | None:
+    """Ranks on this node from SLURM_STEP_TASKS_PER_NODE ("2(x3),1") and SLURM_NODEID."""
+    layout = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
+    node = _first_int(environ, ("SLURM_NODEID",))
+    if not layout or node is None:
+        return None
+    counts: list[int] = []
+    try:
+        for part in layout.split(","):
+            if "(x" in part:
+                count, repeat = part.rstrip(")").split("(x")
+                counts.extend([int(count)] * int(repeat))
+            else:
+                counts.append(int(part))
+    except ValueError:
+        return None
+    return counts[node] if node < len(counts) else None
+
+
+def rank_identity(environ) -> RankIdentity:
+    """Open MPI (OMPI_COMM_WORLD_*), MPICH/hydra (PMI_*, MPI_LOCAL*), Slurm (SLURM_*)."""
+    rank = _first_int(environ, ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"))
+    size = _first_int(environ, ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"))
+    local_rank = _first_int(environ, ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                      "SLURM_LOCALID"))
+    local_size = _first_int(environ, ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"))
+    if local_size is None:
+        local_size = _slurm_local_size(environ)
+    rank = 0 if rank is None else rank
+    if local_rank is None:
+        local_rank = rank if local_size is None else rank % local_size
+    return RankIdentity(rank, size, local_rank, local_size)
+
+
+def thread_defaults(environ, cpus: int, ranks_sharing: int | None,
+                    threads_per_rank: int | None = None) -> dict[str, str]:
+    """The thread variables to add; see Note [Thread defaults]."""
+    if threads_per_rank is None:
+        threads_per_rank = cpus // max(1, ranks_sharing or 1)
+    threads = max(1, threads_per_rank)
+    omp, intra, inter = THREAD_VARIABLES
+    wanted = {omp: str(threads), intra: str(threads), inter: str(INTEROP_THREADS)}
+    return {name: value for name, value in wanted.items() if name not in environ}
+
+
+def child_command(program: list[str], local_rank: int, prefixes: list[str]) -> list[str]:
+    """The program with the numactl prefix of this local rank in front (if pinning)."""
+    if not prefixes:
+        return list(program)
+    if local_rank >= len(prefixes):
+        raise _PinningError(
+            f"local rank {local_rank} has no socket to be pinned to: this host has "
+            f"{len(prefixes)} NUMA node(s) with CPUs as seen by the launcher; run at most "
+            f"{len(prefixes)} rank(s) per node (--npernode) or drop --pin-to-socket")
+    return shlex.split(prefixes[local_rank]) + list(program)
+
+
+class _PinningError(Exception):
+    pass
+
+
+def encode_exit_record(record: dict) -> bytes:
+    return (EXIT_RECORD_MARKER + json.dumps(record, separators=(",", ":")) + "\n").encode()
+
+
+def decode_exit_record(text: str) -> dict | None:
+    """The record in a line that starts with EXIT_RECORD_MARKER, or None if it is damaged."""
+    if not text.startswith(EXIT_RECORD_MARKER):
+        return None
+    try:
+        record = json.loads(text[len(EXIT_RECORD_MARKER):])
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("rank"), int):
+        return None
+    return record
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except BrokenPipeError:
+            return
+        view = view[written:]
+
+
+class _Pump(threading.Thread):
+    """Copies one output pipe of the program, line by line, to `target_fd` (or nowhere),
+    prefixing each line, and keeps the last lines when `tail` is given."""
+
+    def __init__(self, source, target_fd: int | None, prefix: bytes,
+                 tail: collections.deque | None):
+        super().__init__(daemon=True)
+        self.source, self.target_fd, self.prefix, self.tail = source, target_fd, prefix, tail
+
+    def run(self) -> None:
+        for line in iter(self.source.readline, b""):
+            if self.tail is not None:
+                self.tail.append(line)
+            if self.target_fd is not None:
+                if not line.endswith(b"\n"):
+                    line += b"\n"
+                _write_all(self.target_fd, self.prefix + line)
+        self.source.close()
+
+
+def _set_parent_death_signal() -> None:
+    """Runs in the child before exec: the program gets SIGKILL if this wrapper dies."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux: the parent watch below still stops the program
+        pass
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="rank_wrapper.py", allow_abbrev=False)
+    parser.add_argument("--output", choices=("master", "all"), default="master",
+                        help="whose stdout is shown")
+    parser.add_argument("--errors", choices=("master", "all"), default="master",
+                        help="whose stderr is shown")
+    parser.add_argument("--local-rank-prefix", action="append", default=[],
+                        help="command put in front of the program on local rank i (i-th use)")
+    parser.add_argument("--threads-per-rank", type=int, default=None)
+    parser.add_argument("program", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.program[:1] == ["--"]:
+        args.program = args.program[1:]
+    if not args.program:
+        parser.error("no program given")
+    return args
+
+
+class _Stop:
+    """Signals received by the wrapper; forwarded to the program."""
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen | None = None
+        self.stopping_signal: int | None = None
+
+    def handle(self, signum, _frame) -> None:
+        if signum in _STOPPING_SIGNALS and self.stopping_signal is None:
+            self.stopping_signal = signum
+        if self.child is not None and self.child.returncode is None:
+            try:
+                self.child.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+
+def _watch_parent(stop: _Stop, parent: int) -> None:
+    """Stops the program when the wrapper's parent (mpirun's daemon, srun) is gone,
+    e.g. because mpirun was killed with SIGKILL and could not stop its ranks."""
+    while stop.child is not None and stop.child.returncode is None:
+        time.sleep(_PARENT_POLL_SECONDS)
+        if os.getppid() != parent:
+            if stop.stopping_signal is None:
+                stop.stopping_signal = signal.SIGTERM
+            try:
+                stop.child.terminate()
+                time.sleep(_STOP_GRACE_SECONDS)
+                stop.child.kill()
+            except ProcessLookupError:
+                pass
+            return
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    me = rank_identity(os.environ)
+    host = socket.gethostname()
+    is_master = me.rank == 0
+    show_stdout = is_master or args.output == "all"
+    show_stderr = is_master or args.output == "all" or args.errors == "all"
+    prefixed = args.output == "all" or args.errors == "all"
+    prefix = f"[{me.rank}] ".encode() if prefixed else b""
+
+    env = dict(os.environ)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+    env.update(thread_defaults(env, cpus, me.local_size,
+                               args.threads_per_rank if args.local_rank_prefix else None))
+
+    tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
+    stop = _Stop()
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, stop.handle)
+    parent = os.getppid()
+
+    def finish(exit_code: int, signum: int | None, command: list[str]) -> int:
+        if exit_code != 0:
+            cause = "stopped" if stop.stopping_signal is not None else "failed"
+            text = b"".join(tail).decode("utf-8", "replace")[-STDERR_TAIL_CHARS:]
+            record = {"rank": me.rank, "size": me.size, "local_rank": me.local_rank,
+                      "host": host, "pid": os.getpid(), "exit_code": exit_code,
+                      "signal": signum, "cause": cause, "command": command,
+                      "stderr_tail": text, "stderr_shown": show_stderr}
+            _write_all(2, encode_exit_record(record))
+        return exit_code
+
+    try:
+        command = child_command(args.program, me.local_rank, args.local_rank_prefix)
+    except _PinningError as error:
+        message = f"tarantella: error: rank {me.rank} on host {host}: {error}\n"
+        tail.append(message.encode())
+        _write_all(2, (prefix + message.encode()) if show_stderr else b"")
+        return finish(2, None, list(args.program))
+
+    if not show_stdout:
+        stdout = subprocess.DEVNULL
+    else:  # unprefixed: the program writes straight into the wrapper's stdout
+        stdout = subprocess.PIPE if prefixed else None
+    try:
+        child = subprocess.Popen(command, env=env, stdout=stdout, stderr=subprocess.PIPE,
+                                 preexec_fn=_set_parent_death_signal)
+    except OSError as error:
+        message = (f"tarantella: error: rank {me.rank} on host {host} cannot run "
+                   f"{command[0]!r}: {error.strerror}\n")
+        tail.append(message.encode())
+        _write_all(2, prefix + message.encode())  # always shown: nothing else will be
+        return finish(127 if isinstance(error, FileNotFoundError) else 126, None, command)
+    stop.child = child
+    if stop.stopping_signal is not None:  # a signal arrived before the child existed
+        child.send_signal(stop.stopping_signal)
+
+    pumps = [_Pump(child.stderr, 2 if show_stderr else None, prefix, tail)]
+    if child.stdout is not None:
+        pumps.append(_Pump(child.stdout, 1, prefix, None))
+    for pump in pumps:
+        pump.start()
+    threading.Thread(target=_watch_parent, args=(stop, parent), daemon=True).start()
+
+    returncode = child.wait()
+    for pump in pumps:
+        pump.join(timeout=2.0)  # a grandchild may still hold the pipe open
+    if returncode >= 0:
+        return finish(returncode, None, command)
+
+    signum = -returncode
+    finish(128 + signum, signum, command)
+    _end_by_signal(signum)
+    return 128 + signum
+
+
+def _end_by_signal(signum: int) -> None:
+    """End the way the program ended, so that the MPI reports the signal too (without
+    leaving a core file of this wrapper behind)."""
+    try:
+        import resource
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ImportError, ValueError, OSError):
+        pass
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+    except (OSError, ValueError):  # SIGKILL, SIGSTOP: cannot be caught anyway
+        pass
+    os.kill(os.getpid(), signum)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

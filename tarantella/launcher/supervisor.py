@@ -1,0 +1,204 @@
+"""Runs the job's command and watches its ranks; reports the first failure.
+
+How a failure is found and reported:
+  1. Every rank runs under rank_wrapper.py. When a rank's program ends with a
+     non-zero code or a signal, its wrapper writes one exit record line to stderr
+     (rank, host, exit code or signal, the tail of the program's stderr, and the
+     cause: "failed" on its own, or "stopped" by a signal from outside).
+  2. The MPI forwards that line with the rest of the ranks' stderr to this
+     process, which reads mpirun's stderr, takes the records out, and passes every
+     other byte through unchanged. The first record with cause "failed" to arrive
+     is the root cause; a line is printed at once naming it.
+  3. Open MPI, MPICH and srun (--kill-on-bad-exit=1) end the whole job when one
+     rank exits non-zero. If the job is still running GRACE_SECONDS after the
+     root cause arrived, the supervisor stops it: SIGTERM to mpirun, SIGKILL
+     KILL_AFTER_SECONDS later (wrappers whose mpirun is gone stop their program
+     within a second).
+  4. When the job has ended, the report is printed (root cause first: rank, host,
+     exit code or signal, the last lines of its stderr; then the other ranks), and
+     the launcher exits with the root cause's exit code: the code the program
+     exited with, or 128 + N for a program killed by signal N.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from .rank_wrapper import EXIT_RECORD_MARKER, decode_exit_record
+
+__all__ = ["run_job", "describe_end", "failure_report", "GRACE_SECONDS"]
+
+GRACE_SECONDS = 10.0
+KILL_AFTER_SECONDS = 5.0
+_MARKER = EXIT_RECORD_MARKER.encode()
+_LISTED = 8
+_POLL_SECONDS = 1.0  # how soon a signal to the launcher is acted on
+
+
+def describe_end(record: dict) -> str:
+    if record.get("signal"):
+        number = record["signal"]
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        return f"was killed by {name} (signal {number}; exit code {record['exit_code']})"
+    return f"exited with code {record['exit_code']}"
+
+
+def _where(record: dict) -> str:
+    return f"rank {record['rank']} (host {record.get('host', '?')})"
+
+
+def failure_report(first: dict, records: list[dict]) -> str:
+    size = f" of {first['size']}" if first.get("size") else ""
+    lines = [f"tarantella: error: rank {first['rank']}{size} failed first: it "
+             f"{describe_end(first)} on host {first.get('host', '?')}",
+             f"  root cause : rank {first['rank']}{size}, local rank "
+             f"{first.get('local_rank', '?')}, host {first.get('host', '?')}, "
+             f"pid {first.get('pid', '?')}",
+             f"  command    : {' '.join(first.get('command') or [])}"]
+    tail = (first.get("stderr_tail") or "").rstrip("\n")
+    if tail:
+        shown = "" if first.get("stderr_shown") else " (not shown above: only the master rank's is)"
+        lines.append(f"  stderr     : last {len(tail.splitlines())} line(s){shown}:")
+        lines += [f"    | {line}" for line in tail.splitlines()]
+    else:
+        lines.append("  stderr     : (empty)")
+    others_failed = [r for r in records if r is not first and r.get("cause") == "failed"]
+    stopped = sorted(r["rank"] for r in records if r.get("cause") == "stopped")
+    for record in others_failed[:_LISTED]:
+        lines.append(f"  later      : {_where(record)} {describe_end(record)}")
+    if len(others_failed) > _LISTED:
+        lines.append(f"  later      : {len(others_failed) - _LISTED} more rank(s) failed")
+    if stopped:
+        listed = ", ".join(str(rank) for rank in stopped[:_LISTED])
+        more = ", ..." if len(stopped) > _LISTED else ""
+        lines.append(f"  stopped    : {len(stopped)} rank(s) ended by the MPI or the launcher "
+                     f"after the failure ({listed}{more})")
+    return "\n".join(lines)
+
+
+class _StderrWatcher(threading.Thread):
+    """Reads mpirun's stderr: passes output through, collects exit records."""
+
+    def __init__(self, pipe, on_first_failure):
+        super().__init__(daemon=True)
+        self.pipe = pipe
+        self.records: list[dict] = []
+        self.first_failure: dict | None = None
+        self._on_first_failure = on_first_failure
+        self._at_line_start = True
+
+    def _write(self, data: bytes) -> None:
+        if not data:
+            return
+        self._at_line_start = data.endswith(b"\n")
+        try:
+            sys.stderr.flush()
+            sys.stderr.buffer.write(data)
+            sys.stderr.buffer.flush()
+        except (AttributeError, ValueError):  # a stderr without a buffer (captured in tests)
+            sys.stderr.write(data.decode("utf-8", "replace"))
+            sys.stderr.flush()
+        except BrokenPipeError:
+            pass
+
+    def run(self) -> None:
+        for line in iter(self.pipe.readline, b""):
+            at = line.find(_MARKER)
+            record = decode_exit_record(line[at:].decode("utf-8", "replace").rstrip("\n")) \
+                if at >= 0 else None
+            if record is None:
+                self._write(line)
+                continue
+            if at > 0:
+                self._write(line[:at])  # another rank's unfinished line; it continues later
+            self.records.append(record)
+            if record.get("cause") == "failed" and self.first_failure is None:
+                self.first_failure = record
+                notice = f"tarantella: {_where(record)} {describe_end(record)}; stopping the job\n"
+                self._write((b"" if self._at_line_start else b"\n") + notice.encode())
+                self._on_first_failure(record)
+        self.pipe.close()
+
+
+def _stop(process: subprocess.Popen, kill_after: float) -> None:
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=kill_after)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def run_job(argv: list[str], *, env: dict | None = None, grace_seconds: float = GRACE_SECONDS,
+            kill_after_seconds: float = KILL_AFTER_SECONDS) -> int:
+    """Runs argv to its end and returns the job's exit code (see the module docstring)."""
+    wake = threading.Event()
+    failed_at: list[float] = []
+    interrupted: list[int] = []
+
+    def on_first_failure(record: dict) -> None:
+        failed_at.append(time.monotonic())
+        wake.set()
+
+    try:
+        process = subprocess.Popen(argv, stderr=subprocess.PIPE, env=env)
+    except OSError as error:
+        print(f"tarantella: error: cannot start {argv[0]!r}: {error.strerror}", file=sys.stderr)
+        return 127
+    watcher = _StderrWatcher(process.stderr, on_first_failure)
+    watcher.start()
+    threading.Thread(target=lambda: (process.wait(), wake.set()), daemon=True).start()
+
+    previous = {}
+
+    def on_signal(signum, _frame):  # touches no lock: the loop below looks every second
+        interrupted.append(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, on_signal)
+    forced = False
+    stop_asked_at: float | None = None
+    try:
+        while process.poll() is None:
+            since = failed_at[0] if failed_at else stop_asked_at
+            deadline = None if since is None else since + grace_seconds
+            wake.wait(_POLL_SECONDS if deadline is None
+                      else min(_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+            wake.clear()
+            if interrupted and stop_asked_at is None:
+                stop_asked_at = time.monotonic()
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            if deadline is not None and time.monotonic() >= deadline and process.poll() is None:
+                forced = True
+                _stop(process, kill_after_seconds)
+        process.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    watcher.join(timeout=5.0)
+
+    returncode = process.returncode if process.returncode >= 0 else 128 - process.returncode
+    first = watcher.first_failure
+    if forced and first is not None:
+        print(f"tarantella: the MPI had not ended the job {grace_seconds:g} s after "
+              f"{_where(first)} failed; the launcher stopped it", file=sys.stderr)
+    if first is not None:
+        print(failure_report(first, watcher.records), file=sys.stderr, flush=True)
+        return first["exit_code"]
+    if interrupted:
+        print(f"tarantella: stopped by {signal.Signals(interrupted[0]).name}", file=sys.stderr)
+        return 128 + interrupted[0]
+    if returncode != 0:
+        print(f"tarantella: error: the job ended with exit code {returncode} and no rank "
+              f"reported a failure of its program; the message above from {argv[0]} says why "
+              f"(for example, the ranks could not be started)", file=sys.stderr, flush=True)
+    return returncode

@@ -1,0 +1,102 @@
+"""The per-rank wrapper, without MPI: identity, thread defaults, records, output."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tarantella.launcher.mpirun_command import WRAPPER_PATH
+from tarantella.launcher.rank_wrapper import (EXIT_RECORD_MARKER, INTEROP_THREADS,
+                                              decode_exit_record, encode_exit_record,
+                                              rank_identity, thread_defaults)
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8",
+      "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, (5, 8, 1, 4)),
+    ({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
+     (3, 4, 1, 2)),
+    ({"SLURM_PROCID": "4", "SLURM_NTASKS": "5", "SLURM_LOCALID": "0", "SLURM_NODEID": "2",
+      "SLURM_STEP_TASKS_PER_NODE": "2(x2),1"}, (4, 5, 0, 1)),
+    ({}, (0, None, 0, None)),
+])
+def test_rank_identity(environ, expected):
+    me = rank_identity(environ)
+    assert (me.rank, me.size, me.local_rank, me.local_size) == expected
+
+
+def test_thread_defaults_share_the_cpus():
+    assert thread_defaults({}, cpus=8, ranks_sharing=3) == {
+        "OMP_NUM_THREADS": "2", "TF_NUM_INTRAOP_THREADS": "2",
+        "TF_NUM_INTEROP_THREADS": str(INTEROP_THREADS)}
+    assert thread_defaults({}, cpus=2, ranks_sharing=3)["OMP_NUM_THREADS"] == "1"
+    assert thread_defaults({}, cpus=8, ranks_sharing=None)["OMP_NUM_THREADS"] == "8"
+    assert thread_defaults({}, cpus=64, ranks_sharing=8, threads_per_rank=16)[
+        "TF_NUM_INTRAOP_THREADS"] == "16"
+
+
+def test_thread_defaults_never_override():
+    assert thread_defaults({"OMP_NUM_THREADS": "3", "TF_NUM_INTEROP_THREADS": "1"}, 8, 1) == \
+        {"TF_NUM_INTRAOP_THREADS": "8"}
+
+
+def test_exit_record_round_trip():
+    record = {"rank": 3, "exit_code": 1, "stderr_tail": "a\nb\n\"quoted\"", "cause": "failed"}
+    line = encode_exit_record(record)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert decode_exit_record(line.decode().rstrip("\n")) == record
+    assert decode_exit_record(EXIT_RECORD_MARKER + '{"rank": 3, "exit') is None
+    assert decode_exit_record("some output") is None
+
+
+def _wrap(program_code, rank, options=(), size=2):
+    env = {**os.environ, "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
+           "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(size)}
+    return subprocess.run([sys.executable, WRAPPER_PATH, *options, "--", sys.executable, "-c",
+                           program_code], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_master_is_heard_others_are_silent():
+    code = "import sys; print('out'); print('err', file=sys.stderr)"
+    master, other = _wrap(code, 0), _wrap(code, 1)
+    assert (master.returncode, master.stdout, master.stderr) == (0, "out\n", "err\n")
+    assert (other.returncode, other.stdout, other.stderr) == (0, "", "")
+
+
+def test_all_output_is_tagged_by_rank():
+    code = "import sys; print('out'); print('err', file=sys.stderr)"
+    done = _wrap(code, 1, ["--output", "all"])
+    assert (done.stdout, done.stderr) == ("[1] out\n", "[1] err\n")
+    done = _wrap(code, 0, ["--errors", "all"])
+    assert (done.stdout, done.stderr) == ("[0] out\n", "[0] err\n")
+
+
+def test_a_failing_silent_rank_leaves_a_record_with_its_stderr():
+    done = _wrap("import sys; print('why', file=sys.stderr); sys.exit(7)", 1)
+    assert done.returncode == 7
+    line, = done.stderr.splitlines()
+    record = decode_exit_record(line)
+    assert record["rank"] == 1 and record["exit_code"] == 7 and record["cause"] == "failed"
+    assert record["stderr_tail"] == "why\n" and record["stderr_shown"] is False
+
+
+def test_a_killed_program_ends_the_wrapper_with_the_same_signal():
+    done = _wrap("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 0)
+    assert done.returncode == -9
+    record = decode_exit_record(done.stderr.splitlines()[-1])
+    assert (record["exit_code"], record["signal"]) == (137, 9)
+
+
+def test_a_missing_program_is_reported():
+    done = subprocess.run([sys.executable, WRAPPER_PATH, "--", "/nonexistent/program"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 127
+    assert "cannot run '/nonexistent/program'" in done.stderr
+    assert decode_exit_record(done.stderr.splitlines()[-1])["exit_code"] == 127
+
+
+def test_thread_variables_reach_the_program():
+    done = _wrap("import os; print(os.environ['OMP_NUM_THREADS'], "
+                 "os.environ['TF_NUM_INTEROP_THREADS'])", 0, size=1)
+    cpus = len(os.sched_getaffinity(0))
+    assert done.stdout.split() == [str(cpus), str(INTEROP_THREADS)]
