@@ -1,0 +1,1 @@
+"""Programs that run on every rank, started by the tarantella launcher."""

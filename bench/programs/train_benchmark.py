@@ -1,0 +1,151 @@
+"""The scaling benchmark that runs on every rank: time training steps of one model.
+
+    tarantella -n 4 -- bench/programs/train_benchmark.py --model resnet50_small \
+        --global-batch 256 --steps 10 --warmup-steps 2
+
+Trains `warmup + steps` steps with Keras `fit` on the global batch (synthetic data by
+default) and prints, from the master rank, one line `TNT_BENCH_RESULT {json}` with
+the time of every timed step (the slowest rank's, for --framework keras). With
+--profile-out (1 rank), it also measures the model's profile for the simulation.
+Exit codes: 0 done, 2 bad arguments, 3 the framework is not available.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import socket
+import sys
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="train_benchmark.py")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--framework", choices=("tnt", "keras"), default="tnt")
+    parser.add_argument("--global-batch", type=int, required=True)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--data", default="synthetic", help="synthetic or tfds:NAME")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--profile-out", default=None, help="write the model profile here (1 rank)")
+    return parser.parse_args(argv)
+
+
+def _configure_threads():
+    import tensorflow as tf
+    intra = os.environ.get("TF_NUM_INTRAOP_THREADS") or os.environ.get("OMP_NUM_THREADS")
+    if intra:
+        tf.config.threading.set_intra_op_parallelism_threads(int(intra))
+    inter = os.environ.get("TF_NUM_INTEROP_THREADS")
+    if inter:
+        tf.config.threading.set_inter_op_parallelism_threads(int(inter))
+    return tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()
+
+
+def _dataset(entry, args, batch, rank, ranks):
+    if args.data == "synthetic":
+        from bench.data.synthetic import synthetic_dataset
+        return synthetic_dataset(entry, batch, seed=args.seed + (rank if args.framework == "keras" else 0))
+    from bench.data.tfds_source import tfds_dataset
+    name = args.data.split(":", 1)[1]
+    examples = tfds_dataset(name, entry, "train", training=True, data_dir=args.data_dir)
+    if args.framework == "keras":
+        examples = examples.shard(ranks, rank)
+    return examples.repeat().batch(batch, drop_remainder=True).prefetch(2)
+
+
+def _loss(entry):
+    import keras
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _mpi_version():
+    try:
+        from mpi4py import MPI
+        return MPI.Get_library_version().replace("\0", "").splitlines()[0].strip()
+    except Exception:  # mpi4py missing or MPI not loadable: a record, not a failure
+        return "unknown"
+
+
+def main(argv=None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    threads = _configure_threads()
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tarantella as tnt
+    from bench.models.registry import get_model_entry
+    from bench.programs.framework import FrameworkMissing, batch_per_dataset, wrap_model
+    from bench.programs.result_line import format_result_line
+    from bench.programs.step_timer import StepTimer
+
+    rank, ranks = tnt.get_rank(), tnt.get_size()
+    entry = get_model_entry(args.model)
+    if args.global_batch % ranks:
+        print(f"train_benchmark: --global-batch {args.global_batch} is not divisible by "
+              f"{ranks} ranks", file=sys.stderr)
+        return 2
+    keras.utils.set_random_seed(args.seed)
+    keras_model = entry.build()
+    try:
+        model = wrap_model(keras_model, args.framework)
+    except FrameworkMissing as error:
+        print(f"train_benchmark: {error}", file=sys.stderr)
+        return 3
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=1e-3, momentum=0.9),
+                  loss=_loss(entry))
+    batch = batch_per_dataset(args.framework, args.global_batch, ranks)
+    dataset = _dataset(entry, args, batch, rank, ranks)
+    timer = StepTimer()
+    tnt.barrier()
+    history = model.fit(dataset, epochs=1, steps_per_epoch=args.warmup_steps + args.steps,
+                        callbacks=[timer], verbose=0, shuffle=False)
+    own_times = timer.step_times[args.warmup_steps:]
+    all_times = tnt.allgather_object(own_times)
+    hosts = tnt.allgather_object(socket.gethostname())
+    step_times = [max(times[i] for times in all_times) for i in range(len(own_times))]
+
+    profile = None
+    if args.profile_out and rank == 0:
+        profile = _measure_profile(entry, keras_model, args, step_times)
+    if rank != 0:
+        return 0
+    if profile is not None:
+        from bench.simulate.model_profile import save_profile
+        save_profile(profile, args.profile_out)
+    result = {
+        "model": entry.name, "framework": args.framework, "ranks": ranks,
+        "nodes": len(set(hosts)), "micro_batch": args.global_batch // ranks,
+        "global_batch": args.global_batch, "warmup_steps": args.warmup_steps,
+        "steps": args.steps, "step_times_s": step_times, "threads_per_rank": threads,
+        "data": args.data, "parameters": int(keras_model.count_params()),
+        "final_loss": float(history.history["loss"][-1]),
+        "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
+                     "keras": keras.__version__, "tarantella": tnt.__version__,
+                     "numpy": np.__version__, "mpi": _mpi_version()},
+    }
+    print(format_result_line(result), flush=True)
+    return 0
+
+
+def _measure_profile(entry, keras_model, args, step_times):
+    import numpy as np
+    from bench.data.synthetic import synthetic_batch
+    from bench.simulate.model_profile import gradient_timeline, measure_phases
+
+    inputs, labels = synthetic_batch(entry, args.global_batch, seed=args.seed)
+    phases = measure_phases(keras_model, _loss(entry), inputs, labels)
+    step_s = float(np.median(step_times))
+    one_inputs, _ = synthetic_batch(entry, 1, seed=args.seed)
+    return {"model": entry.name, "micro_batch": args.global_batch, "step_s": step_s,
+            "forward_s": phases["forward_s"], "backward_s": phases["backward_s"],
+            "update_s": max(step_s - phases["forward_s"] - phases["backward_s"], 0.0),
+            "gradients": gradient_timeline(keras_model, one_inputs),
+            "threads": int(os.environ.get("TF_NUM_INTRAOP_THREADS", "0") or 0) or os.cpu_count(),
+            "host": socket.gethostname()}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

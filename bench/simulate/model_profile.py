@@ -1,0 +1,130 @@
+"""The measured 1-device profile of a model: what the simulation needs to know about it.
+
+    step_s, forward_s, backward_s, update_s   measured at `micro_batch` on this machine
+    gradients    one entry per trainable variable, in the order backprop produces them
+                 (last layer first): bytes and `ready_fraction`, the share of the
+                 backward pass done when the gradient is complete
+
+Backprop is timed as a whole; its split over layers is estimated from each layer's
+cost (2 x weights used x output positions, plus the elementwise work of every layer),
+because timing single layers inside a compiled step is not possible without changing
+it. A variable's gradient is complete when backprop passes the first layer that uses
+it (a shared embedding: only at the very end).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+__all__ = ["layer_costs", "gradient_timeline", "measure_phases", "save_profile", "load_profile"]
+
+_ELEMENTWISE_COST = 8.0   # flop-equivalents per output element for memory-bound work, fwd+bwd
+
+
+def _layer_outputs(model):
+    """[(layer, [symbolic outputs of all its calls])] in topological order."""
+    found = []
+    for layer in model.layers:
+        if layer.__class__.__name__ == "InputLayer":
+            continue
+        outputs = []
+        for node in getattr(layer, "_inbound_nodes", []):
+            outputs.extend(node.output_tensors)
+        found.append((layer, outputs))
+    return found
+
+
+def layer_costs(model, example_inputs) -> list[dict]:
+    """Per layer: name, estimated cost of one example (flop-equivalents), variables used."""
+    import keras
+    found = _layer_outputs(model)
+    tensors = [t for _, outputs in found for t in outputs]
+    probe = keras.Model(model.inputs, tensors)
+    values = probe(example_inputs, training=False)
+    values = values if isinstance(values, (list, tuple)) else [values]
+    shapes = iter([tuple(v.shape) for v in values])
+    costs = []
+    for layer, outputs in found:
+        cost = 0.0
+        weights = sum(int(np.prod(w.shape)) for w in layer.trainable_weights)
+        for _ in outputs:
+            shape = next(shapes)
+            positions = float(np.prod(shape[1:-1])) if len(shape) > 2 else 1.0
+            elements = float(np.prod(shape[1:]))
+            cost += 2.0 * weights * positions + _ELEMENTWISE_COST * elements
+            if layer.__class__.__name__ == "MultiHeadAttention" and len(shape) == 3:
+                cost += 4.0 * shape[1] * shape[1] * shape[2]   # scores and weighted sum
+        costs.append({"layer": layer.name, "cost": cost,
+                      "variables": [id(w) for w in layer.trainable_weights]})
+    return costs
+
+
+def gradient_timeline(model, example_inputs) -> list[dict]:
+    """Gradients in the order backprop completes them, with bytes and ready_fraction."""
+    costs = layer_costs(model, example_inputs)
+    total = sum(c["cost"] for c in costs) or 1.0
+    first_use = {}
+    for index, entry in enumerate(costs):
+        for var_id in entry["variables"]:
+            first_use.setdefault(var_id, index)
+    remaining_after = np.cumsum([c["cost"] for c in reversed(costs)])[::-1]  # cost of layers >= i
+    timeline = []
+    for variable in model.trainable_variables:
+        index = first_use.get(id(variable), 0)
+        timeline.append({"name": variable.path, "shape": list(variable.shape),
+                         "bytes": int(np.prod(variable.shape)) * np.dtype(variable.dtype).itemsize,
+                         "layer": costs[index]["layer"],
+                         "ready_fraction": float(remaining_after[index] / total)})
+    timeline.sort(key=lambda g: (g["ready_fraction"], -_position(model, g["name"])))
+    return timeline
+
+
+def _position(model, path):
+    for i, variable in enumerate(model.trainable_variables):
+        if variable.path == path:
+            return i
+    return -1
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()  # trace and warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def measure_phases(model, loss_fn, inputs, labels, repeats: int = 3) -> dict:
+    """Median seconds of the forward pass and of forward plus backward (no update)."""
+    import tensorflow as tf
+
+    @tf.function
+    def forward():
+        return loss_fn(labels, model(inputs, training=True))
+
+    @tf.function
+    def forward_backward():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(inputs, training=True))
+        return tape.gradient(loss, model.trainable_variables)
+
+    def run(fn):
+        return lambda: tf.nest.map_structure(lambda t: t.numpy(), fn())
+
+    forward_s = _median_time(run(forward), repeats)
+    forward_backward_s = _median_time(run(forward_backward), repeats)
+    return {"forward_s": forward_s, "backward_s": max(forward_backward_s - forward_s, 0.0)}
+
+
+def save_profile(profile: dict, path: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(profile, handle, indent=1, sort_keys=True)
+
+
+def load_profile(path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)

@@ -1,0 +1,1 @@
+"""Scaling sweeps: which device counts to run, running them, showing progress."""
