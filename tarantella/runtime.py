@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import threading
 import traceback
@@ -34,6 +35,10 @@ def init() -> None:
         if _state:
             return
         settings_ = _config.load_config()
+        # Open MPI 5 from PyPI probes its UCX one-sided component for our shared
+        # windows and prints an error where UCX has no network; the engine only
+        # needs the shared-memory component for them. A user's choice stands.
+        os.environ.setdefault("OMPI_MCA_osc", "^ucx")
         engine = _engine()
         engine.start(fusion_threshold_bytes=settings_.fusion_threshold_bytes,
                      timeout_seconds=settings_.timeout_seconds,

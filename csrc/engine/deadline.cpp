@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 
@@ -20,8 +21,11 @@ void back_off(unsigned round) {
   } else if (round < 4000) {
     sched_yield();
   } else {
-    // Long waits sleep, so an idle or blocked rank leaves its core to compute threads.
-    std::this_thread::sleep_for(std::chrono::microseconds(round < 20000 ? 20 : 200));
+    // Long waits sleep, ever longer up to 0.5 ms, so a rank blocked on a slow
+    // peer leaves its core to the compute threads; the added latency is at
+    // most one sleep, small against a wait that long.
+    const unsigned micros = std::min(500u, 10u + (round - 4000) / 8);
+    std::this_thread::sleep_for(std::chrono::microseconds(micros));
   }
 }
 

@@ -92,7 +92,17 @@ void SharedMemoryAllreduce::run_round(const AllreduceCall& call, std::size_t off
   segments_.notify(kStaged, round);
 
   segments_.wait_for_others(kStaged, round, "shared-memory allreduce (reduce)");
-  if (first) check_same_call();
+  if (first) {
+    try {
+      check_same_call();
+    } catch (const MismatchError&) {
+      // Every rank sees the same descriptors and fails here alike: finish the
+      // round's notifications so the segments stay usable for the next call.
+      segments_.notify(kReduced, round);
+      segments_.notify(kConsumed, round);
+      throw;
+    }
+  }
   const Range own = part_of(length, p, self);
   std::vector<const void*> inputs(p);
   for (int r = 0; r < p; ++r) {

@@ -132,6 +132,11 @@ def make_plan(args, environ: Mapping[str, str], launcher_kind: str,
             rank_env[name] = environ[name]
     rank_env.update((name, value) for name, value in exported.items() if name not in settings)
     rank_env["TNT_LAUNCHED"] = "1"
+    # Open MPI 5 probes its UCX one-sided component for the engine's shared
+    # windows and prints an error where UCX has no network; set here too (the
+    # library sets it as well) for programs that start MPI through mpi4py first.
+    if launcher_kind != SLURM and "OMPI_MCA_osc" not in environ and "OMPI_MCA_osc" not in exported:
+        rank_env["OMPI_MCA_osc"] = "^ucx"
 
     prefixes, threads = (), None
     if args.pin_to_socket or args.pin_memory_to_socket:

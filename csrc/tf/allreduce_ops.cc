@@ -1,0 +1,165 @@
+// TensorFlow ops that hand gradients to the engine's fused reducer and take
+// the reduced results back: TntStartAllreduce and TntFinishAllreduce.
+//
+// They talk to the engine only through its C API (c_api.h), so this library,
+// compiled against the installed TensorFlow's headers and flags
+// (tarantella/tf_ops.py), never shares a C++ type with the engine.
+//
+// Note [Start and finish are separate ops]
+// One op per gradient would have to wait for its bucket inside the kernel. The
+// graph instead gets, per gradient k, Start_k (depends only on gradient k:
+// runs as soon as backprop produced it, copies it into its bucket and returns
+// at once) and Finish_k (depends only on Start_k's token: delivers the reduced
+// gradient once its bucket is reduced). Finish is an AsyncOpKernel: a finish
+// op that blocked an inter-op thread while its bucket waits for gradients not
+// yet computed could starve the very ops that complete the bucket (deadlock
+// with few inter-op threads). Both ops are stateful, so TensorFlow neither
+// prunes nor merges them; tf.function then runs such ops in creation order, so
+// the Python side creates every start op (in bucket order) before any finish.
+#include <cstring>
+#include <string>
+
+#include "c_api.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+
+namespace tnt_tf {
+
+using ::tensorflow::AsyncOpKernel;
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::PartialTensorShape;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+constexpr size_t kErrorSize = 1024;
+constexpr int kEngineAbiVersion = 1;
+
+REGISTER_OP("TntStartAllreduce")
+    .Input("gradient: T")
+    .Output("token: int32")
+    .Attr("T: {half, bfloat16, float, double, int32, int64}")
+    .Attr("reducer: int")
+    .Attr("tensor: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Copies `gradient` into its bucket of reducer `reducer` (tensor id `tensor`); returns a token for the finish op.");
+
+REGISTER_OP("TntFinishAllreduce")
+    .Input("token: int32")
+    .Output("reduced: T")
+    .Attr("T: {half, bfloat16, float, double, int32, int64}")
+    .Attr("shape: shape")
+    .Attr("reducer: int")
+    .Attr("tensor: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      PartialTensorShape shape;
+      TF_RETURN_IF_ERROR(c->GetAttr("shape", &shape));
+      ShapeHandle out;
+      TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shape, &out));
+      c->set_output(0, out);
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("The sum over all ranks of the tensor the matching start op handed in; waits without blocking a thread.");
+
+void check_engine_abi(OpKernelConstruction* context) {
+  OP_REQUIRES(context, tnt_engine_abi_version() == kEngineAbiVersion,
+              ::tensorflow::errors::FailedPrecondition(
+                  "tarantella: the TensorFlow op library expects engine ABI ", kEngineAbiVersion,
+                  " but the loaded engine has ", tnt_engine_abi_version(),
+                  "; delete the op cache (TNT_CACHE_DIR, default ~/.cache/tarantella) and rerun"));
+}
+
+class StartAllreduce : public OpKernel {
+ public:
+  explicit StartAllreduce(OpKernelConstruction* context) : OpKernel(context) {
+    check_engine_abi(context);
+    OP_REQUIRES_OK(context, context->GetAttr("reducer", &reducer_));
+    OP_REQUIRES_OK(context, context->GetAttr("tensor", &tensor_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& gradient = context->input(0);
+    char error[kErrorSize] = {0};
+    const int failed = tnt_reducer_ready(reducer_, static_cast<size_t>(tensor_), gradient.tensor_data().data(),
+                                         gradient.TotalBytes(), error, sizeof error);
+    OP_REQUIRES(context, failed == 0,
+                ::tensorflow::errors::Internal("tarantella: gradient ", tensor_, " of reducer ", reducer_,
+                                               " could not start its allreduce: ", error));
+    Tensor* token = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({}), &token));
+    token->scalar<int32_t>()() = 0;
+  }
+
+ private:
+  int reducer_ = 0;
+  int64_t tensor_ = 0;
+};
+
+class FinishAllreduce : public AsyncOpKernel {
+ public:
+  explicit FinishAllreduce(OpKernelConstruction* context) : AsyncOpKernel(context) {
+    check_engine_abi(context);
+    OP_REQUIRES_OK(context, context->GetAttr("reducer", &reducer_));
+    OP_REQUIRES_OK(context, context->GetAttr("tensor", &tensor_));
+    PartialTensorShape shape;
+    OP_REQUIRES_OK(context, context->GetAttr("shape", &shape));
+    OP_REQUIRES(context, shape.AsTensorShape(&shape_),
+                ::tensorflow::errors::InvalidArgument("tarantella: gradient shapes must be fully known"));
+  }
+
+  void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
+    Tensor* reduced = nullptr;
+    OP_REQUIRES_OK_ASYNC(context, context->allocate_output(0, shape_, &reduced), done);
+    // Owned by the engine's callback from here on; it frees itself once it has run.
+    auto* pending = new Pending{context, std::move(done)};
+    char error[kErrorSize] = {0};
+    const int failed = tnt_reducer_deliver(reducer_, static_cast<size_t>(tensor_),
+                                           const_cast<char*>(reduced->tensor_data().data()), reduced->TotalBytes(),
+                                           &Pending::finish, pending, error, sizeof error);
+    if (failed) {
+      DoneCallback callback = std::move(pending->done);
+      delete pending;
+      context->SetStatus(::tensorflow::errors::Internal("tarantella: gradient ", tensor_, " of reducer ", reducer_,
+                                                         " could not be collected: ", error));
+      callback();
+    }
+  }
+
+ private:
+  struct Pending {
+    OpKernelContext* context;
+    DoneCallback done;
+
+    // Runs on the engine's progress thread, or at once on the calling thread.
+    static void finish(void* self, const char* error) {
+      auto* pending = static_cast<Pending*>(self);
+      if (error) {
+        pending->context->SetStatus(
+            ::tensorflow::errors::Internal("tarantella: allreduce of a gradient bucket failed: ", error));
+      }
+      DoneCallback callback = std::move(pending->done);
+      delete pending;
+      callback();
+    }
+  };
+
+  int reducer_ = 0;
+  int64_t tensor_ = 0;
+  TensorShape shape_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TntStartAllreduce").Device(DEVICE_CPU), StartAllreduce);
+REGISTER_KERNEL_BUILDER(Name("TntFinishAllreduce").Device(DEVICE_CPU), FinishAllreduce);
+
+}  // namespace tnt_tf
