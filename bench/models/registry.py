@@ -11,6 +11,7 @@ import dataclasses
 from typing import Callable
 
 from bench.errors import BenchUsageError
+from bench.models.transformer_sizes import BASE, BIG, SMALL, TINY
 
 __all__ = ["ModelEntry", "MODELS", "get_model_entry"]
 
@@ -45,11 +46,10 @@ def _resnet(**kwargs):
     return build
 
 
-def _transformer(size_name, **kwargs):
+def _transformer(size, **kwargs):
     def build():
-        from bench.models import transformer as t
-        size = {"base": t.BASE, "big": t.BIG}.get(size_name) or size_name
-        return t.transformer(size=size, **kwargs)
+        from bench.models.transformer import transformer
+        return transformer(size=size, **kwargs)
     return build
 
 
@@ -57,14 +57,6 @@ def _small_cnn():
     from bench.models.small_cnn import small_cnn
     return small_cnn()
 
-
-def _sizes():
-    from bench.models.transformer import TransformerSize
-    return (TransformerSize(layers=2, d_model=256, d_ff=1024, heads=4, dropout=0.1),
-            TransformerSize(layers=1, d_model=32, d_ff=64, heads=2, dropout=0.1))
-
-
-_SMALL, _TINY = _sizes()
 
 MODELS: dict[str, ModelEntry] = {entry.name: entry for entry in (
     ModelEntry("resnet50", "ResNet-50 v1.5, ImageNet 224x224", "image",
@@ -78,16 +70,16 @@ MODELS: dict[str, ModelEntry] = {entry.name: entry for entry in (
                        small_images=True, name="resnet_tiny"),
                8, "imagenet_resized/32x32", image_size=16, num_classes=10),
     ModelEntry("transformer", "Transformer base (Vaswani et al.), WMT14 en-de", "translation",
-               _transformer("base", vocab_size=33708), 32, "wmt14_translate/de-en",
+               _transformer(BASE, vocab_size=33708), 32, "wmt14_translate/de-en",
                vocab_size=33708, sequence_length=64),
     ModelEntry("transformer_big", "Transformer big (Vaswani et al.), WMT14 en-de", "translation",
-               _transformer("big", vocab_size=33708), 16, "wmt14_translate/de-en",
+               _transformer(BIG, vocab_size=33708), 16, "wmt14_translate/de-en",
                vocab_size=33708, sequence_length=64),
     ModelEntry("transformer_small", "Transformer 2+2 layers, d_model 256 (fits a laptop)", "translation",
-               _transformer(_SMALL, vocab_size=8192, name="transformer_small"), 32,
+               _transformer(SMALL, vocab_size=8192, name="transformer_small"), 32,
                "wmt14_translate/de-en", vocab_size=8192, sequence_length=32),
     ModelEntry("transformer_tiny", "Transformer 1+1 layers, d_model 32 (tests)", "translation",
-               _transformer(_TINY, vocab_size=128, max_length=64, name="transformer_tiny"), 8,
+               _transformer(TINY, vocab_size=128, max_length=64, name="transformer_tiny"), 8,
                "wmt14_translate/de-en", vocab_size=128, sequence_length=16),
     ModelEntry("small_cnn", "small CNN on 8x8 digits (mini benchmark)", "image",
                _small_cnn, 32, "digits", image_size=8, channels=1, num_classes=10),

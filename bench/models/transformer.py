@@ -8,26 +8,13 @@ over the vocabulary for each target position.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import keras
 import numpy as np
 from keras import layers, ops
 
+from bench.models.transformer_sizes import BASE, BIG, TransformerSize
+
 __all__ = ["TransformerSize", "BASE", "BIG", "transformer"]
-
-
-@dataclasses.dataclass(frozen=True)
-class TransformerSize:
-    layers: int          # encoder layers, and decoder layers
-    d_model: int
-    d_ff: int
-    heads: int
-    dropout: float
-
-
-BASE = TransformerSize(layers=6, d_model=512, d_ff=2048, heads=8, dropout=0.1)
-BIG = TransformerSize(layers=6, d_model=1024, d_ff=4096, heads=16, dropout=0.3)
 
 
 def _positions(length: int, d_model: int) -> np.ndarray:

@@ -1,0 +1,196 @@
+"""tnt-bench: MLPerf-style scaling benchmarks for tarantella, with results, plots and simulation.
+
+    tnt-bench scaling --model resnet50_small --devices 1..2 --steps 10 --out results/r50
+    tnt-bench scaling --model resnet50 --devices 1..96 --simulate --cluster hpc_da \
+        --model-profile results/r50/profile.json --out results/r50_hpc_da
+    tnt-bench scaling --model resnet50_small --devices 1,2,4 --oversubscribe \
+        --cluster this_machine --out results/r50_validate     (measure and predict: validation.csv)
+    tnt-bench plot results/r50 results/r50_keras --out results/compare
+    tnt-bench train --benchmark mini_digits -n 2
+    tnt-bench calibrate -n 2          (fit a profile's [intra_node] to the engine's allreduce)
+
+Devices: a range A..B (powers of two between, plus both ends), a list 1,2,6,12, or one
+count. Bad input ends with one line `tnt-bench: error: ...` and exit code 2; a failed
+run with exit code 1.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import Sequence
+
+from bench.errors import USAGE_EXIT_CODE, BenchUsageError
+
+__all__ = ["main", "build_parser"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        raise BenchUsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _add_scaling(commands):
+    from bench.models.registry import MODELS
+    parser = commands.add_parser("scaling", help="run (or simulate) a scaling sweep",
+                                 description="Run the model on each device count through the tarantella "
+                                             "launcher and record step times, throughput, epoch time, "
+                                             "speedup and efficiency against 1 device.")
+    parser.add_argument("--model", required=True, help=f"one of: {', '.join(MODELS)}")
+    parser.add_argument("--devices", default="1..2", help="A..B, a list 1,2,6,12, or N (default 1..2)")
+    parser.add_argument("--framework", choices=("tnt", "keras"), default="tnt",
+                        help="tnt: tnt.Model data parallelism; keras: plain Keras, each rank trains "
+                             "its share with no gradient exchange (baseline). Default tnt")
+    batch = parser.add_mutually_exclusive_group()
+    batch.add_argument("--micro-batch", type=_positive_int,
+                       help="examples per device (weak scaling); default: the model's")
+    batch.add_argument("--global-batch", type=_positive_int,
+                       help="examples per step over all devices (strong scaling)")
+    parser.add_argument("--steps", type=_positive_int, default=10, help="timed steps per run (default 10)")
+    parser.add_argument("--warmup-steps", type=int, default=2,
+                        help="untimed steps first, including tracing (default 2)")
+    parser.add_argument("--data", default="synthetic", help="synthetic (default) or tfds:NAME")
+    parser.add_argument("--data-dir", help="TFDS data directory (default: TFDS_DATA_DIR or ~/tensorflow_datasets)")
+    parser.add_argument("--hostfile", help="hosts to run on, as for the tarantella launcher")
+    parser.add_argument("--npernode", type=_positive_int, help="ranks per host")
+    parser.add_argument("--oversubscribe", action="store_true",
+                        help="allow more ranks than cores on this machine (rows marked oversubscribed)")
+    parser.add_argument("--simulate", action="store_true",
+                        help="predict the sweep on --cluster instead of running it")
+    parser.add_argument("--cluster", help="cluster profile: a TOML file or hpc_da, supermuc_ng, "
+                                          "this_machine; without --simulate: also predict the measured "
+                                          "counts and write validation.csv")
+    parser.add_argument("--model-profile", help="profile.json of an earlier sweep to simulate from "
+                                                "(default: measure the 1-device profile now)")
+    parser.add_argument("--out", help="result directory (default results/<model>_<framework>)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (default 1800)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def _add_plot(commands):
+    parser = commands.add_parser("plot", help="plot one or more sweep directories, overlaid")
+    parser.add_argument("directories", nargs="+", help="directories holding runs.csv")
+    parser.add_argument("--out", help="where to write the plots (default: the first directory)")
+    parser.add_argument("--title")
+
+
+def _add_train(commands):
+    parser = commands.add_parser("train", help="train a benchmark to its quality target (MLPerf style)")
+    parser.add_argument("--benchmark", required=True, help="a spec name from bench/specs/")
+    parser.add_argument("-n", "--devices", type=_positive_int, default=1, help="ranks (default 1)")
+    parser.add_argument("--framework", choices=("tnt", "keras"), default="tnt")
+    parser.add_argument("--global-batch", type=_positive_int, help="default: the spec's")
+    parser.add_argument("--max-epochs", type=_positive_int, help="default: the spec's")
+    parser.add_argument("--data-dir")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", help="directory for the MLLOG log and result.json")
+    parser.add_argument("--timeout", type=float, default=3600.0)
+
+
+def _add_calibrate(commands):
+    parser = commands.add_parser("calibrate", help="fit a cluster profile's link to the engine's allreduce")
+    parser.add_argument("-n", "--devices", type=_positive_int, default=2)
+    parser.add_argument("--max-bytes", type=_positive_int, default=64 << 20)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tnt-bench", description=__doc__.split("\n\n")[0],
+                     epilog=__doc__[__doc__.index("\n\n") + 2:],
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_scaling(commands)
+    _add_train(commands)
+    _add_plot(commands)
+    _add_calibrate(commands)
+    return parser
+
+
+def _scaling(args, argv) -> int:
+    from bench.models.registry import get_model_entry
+    from bench.sweep.device_counts import parse_device_counts
+    from bench.sweep.options import SweepOptions
+    from bench.sweep.scaling import run_scaling
+    get_model_entry(args.model)
+    counts = parse_device_counts(args.devices)
+    if args.data != "synthetic" and not args.data.startswith("tfds:"):
+        raise BenchUsageError(f"--data {args.data!r}: expected synthetic or tfds:NAME")
+    if args.model_profile and not args.simulate:
+        raise BenchUsageError("--model-profile is used with --simulate only")
+    options = SweepOptions(
+        model=args.model, counts=counts, framework=args.framework, micro_batch=args.micro_batch,
+        global_batch=args.global_batch, steps=args.steps, warmup_steps=args.warmup_steps,
+        data=args.data, data_dir=args.data_dir, hostfile=args.hostfile, npernode=args.npernode,
+        oversubscribe=args.oversubscribe, simulate=args.simulate, cluster=args.cluster,
+        model_profile=args.model_profile,
+        out=args.out or f"results/{args.model}_{args.framework}", timeout_s=args.timeout,
+        seed=args.seed, plots=not args.no_plots, progress=not args.quiet,
+        command="tnt-bench " + shlex.join(argv))
+    summary = run_scaling(options)
+    _print_points(summary)
+    print(f"tnt-bench: wrote {', '.join(summary['files'])} to {options.out}")
+    return 0
+
+
+def _print_points(summary):
+    unit = summary["model"]["unit"]
+    print(f"{'devices':>7} {'kind':>22} {'step s':>9} {unit + '/s':>12} {'epoch min':>10} "
+          f"{'speedup':>8} {'effic.':>7}")
+    for point in summary["points"]:
+        kind = f"simulated {point['cluster']}" if point["simulated"] else (
+            "measured, oversub." if point["oversubscribed"] else "measured")
+        print(f"{point['devices']:>7} {kind:>22} {point['step_time_median_s']:>9.4f} "
+              f"{point['throughput']:>12.1f} {point['epoch_time_min']:>10.2f} "
+              f"{point['speedup']:>8.2f} {point['efficiency']:>7.2f}")
+
+
+def _plot(args) -> int:
+    import os
+    from bench.plots import plot_directories
+    for directory in args.directories:
+        if not os.path.exists(os.path.join(directory, "runs.csv")):
+            raise BenchUsageError(f"{directory} holds no runs.csv (is it a tnt-bench result directory?)")
+    written = plot_directories(args.directories, args.out or args.directories[0], args.title)
+    print(f"tnt-bench: wrote {', '.join(written)}")
+    return 0
+
+
+def _train(args, argv) -> int:
+    from bench.train_run import run_training
+    return run_training(args, "tnt-bench " + shlex.join(argv))
+
+
+def _calibrate(args) -> int:
+    from bench.simulate.calibrate import run_calibration
+    print(run_calibration(args.devices, args.max_bytes))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "scaling":
+            return _scaling(args, argv)
+        if args.command == "plot":
+            return _plot(args)
+        if args.command == "train":
+            return _train(args, argv)
+        if args.command == "calibrate":
+            return _calibrate(args)
+    except BenchUsageError as error:
+        print(f"tnt-bench: error: {error}", file=sys.stderr, flush=True)
+        return USAGE_EXIT_CODE
+    except SystemExit as done:  # --help
+        return done.code if isinstance(done.code, int) else 0
+    except RuntimeError as error:  # SweepRunError, TrainingRunError
+        print(f"tnt-bench: error: {error}", file=sys.stderr, flush=True)
+        return 1
+    raise AssertionError(f"unhandled command {args.command!r}")

@@ -1,0 +1,89 @@
+"""Running the benchmark program on N devices through the launcher, and its runs.csv row."""
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+from bench.errors import BenchUsageError
+from bench.programs.result_line import parse_result_line
+from bench.sweep.options import SweepOptions
+
+__all__ = ["PROGRAM", "SweepRunError", "launch_command", "run_point", "measured_row"]
+
+PROGRAM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "programs", "train_benchmark.py")
+_FRAMEWORK_MISSING = 3   # train_benchmark.py's exit code
+
+
+class SweepRunError(RuntimeError):
+    """A benchmark run failed; the message holds its exit code and last output."""
+
+
+def launch_command(options: SweepOptions, devices: int, micro_batch: int,
+                   profile_out: str | None = None) -> list[str]:
+    command = [sys.executable, "-m", "tarantella.launcher", "-n", str(devices)]
+    if options.hostfile:
+        command += ["--hostfile", options.hostfile]
+    if options.npernode:
+        command += ["--npernode", str(options.npernode)]
+    command += ["-x", "TF_CPP_MIN_LOG_LEVEL=2", "--", PROGRAM, "--model", options.model,
+                "--framework", options.framework, "--global-batch", str(micro_batch * devices),
+                "--steps", str(options.steps), "--warmup-steps", str(options.warmup_steps),
+                "--data", options.data, "--seed", str(options.seed)]
+    if options.data_dir:
+        command += ["--data-dir", options.data_dir]
+    if profile_out:
+        command += ["--profile-out", profile_out]
+    return command
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def run_point(options: SweepOptions, devices: int, micro_batch: int,
+              profile_out: str | None = None) -> dict:
+    """The program's result on `devices` ranks, plus `command` and `elapsed_s`."""
+    command = launch_command(options, devices, micro_batch, profile_out)
+    started = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=options.timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        raise SweepRunError(f"the run on {devices} device(s) took longer than {options.timeout_s:.0f} s "
+                            f"and was stopped; raise --timeout or lower --steps. Last output:\n"
+                            f"{_tail(stderr)}") from None
+    if process.returncode == _FRAMEWORK_MISSING:
+        raise BenchUsageError(_tail(stderr, 1).replace("train_benchmark: ", ""))
+    result = parse_result_line(stdout)
+    if process.returncode != 0 or result is None:
+        raise SweepRunError(f"the run on {devices} device(s) failed with exit code "
+                            f"{process.returncode}; command: {' '.join(command)}\n{_tail(stderr)}")
+    result["command"] = " ".join(command)
+    result["elapsed_s"] = time.monotonic() - started
+    return result
+
+
+def measured_row(result: dict, oversubscribed: bool) -> dict:
+    times = result["step_times_s"]
+    versions = result.get("versions", {})
+    return {
+        "devices": result["ranks"], "nodes": result["nodes"],
+        "devices_per_node": -(-result["ranks"] // result["nodes"]), "simulated": False,
+        "cluster": "", "oversubscribed": oversubscribed, "micro_batch": result["micro_batch"],
+        "global_batch": result["global_batch"], "data": result["data"],
+        "warmup_steps": result["warmup_steps"], "steps": result["steps"],
+        "step_time_median_s": statistics.median(times), "step_time_mean_s": statistics.fmean(times),
+        "step_time_min_s": min(times), "step_time_max_s": max(times),
+        "step_time_std_s": statistics.pstdev(times), "step_times_s": times,
+        "threads_per_rank": result["threads_per_rank"], "parameters": result["parameters"],
+        "final_loss": result["final_loss"], "command": result["command"],
+        **{key: versions.get(key) for key in ("python", "tensorflow", "keras", "tarantella", "numpy", "mpi")},
+    }

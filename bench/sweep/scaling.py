@@ -1,0 +1,170 @@
+"""A scaling sweep end to end: run or simulate each device count, then write and plot.
+
+Measured sweeps run the 1-device point first and measure the model's profile there
+(profile.json), so any sweep directory can later seed a simulation. Given --cluster
+without --simulate, a measured sweep also predicts its own device counts on that
+cluster and writes validation.csv: the prediction error per count.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+
+from bench import records
+from bench.data.datasets import get_dataset_info
+from bench.errors import BenchUsageError
+from bench.machine import describe_machine, describe_source
+from bench.models.registry import get_model_entry
+from bench.simulate.cluster_profile import load_cluster_profile
+from bench.simulate.model_profile import load_profile
+from bench.simulate.predict_sweep import check_cluster_capacity, simulated_row
+from bench.sweep.capacity import check_counts, find_capacity, is_oversubscribed
+from bench.sweep.options import SweepOptions
+from bench.sweep.progress import Progress
+from bench.sweep.runner import measured_row, run_point
+
+__all__ = ["run_scaling", "check_batches"]
+
+
+def check_batches(options: SweepOptions, default_micro_batch: int) -> None:
+    if options.global_batch:
+        uneven = [c for c in options.counts if options.global_batch % c]
+        if uneven:
+            raise BenchUsageError(f"--global-batch {options.global_batch} cannot be split evenly over "
+                                  f"{', '.join(map(str, uneven))} devices; choose a multiple of every count")
+    for count in options.counts:
+        if options.micro_batch_for(count, default_micro_batch) < 1:
+            raise BenchUsageError(f"--global-batch {options.global_batch} leaves no example per device "
+                                  f"at {count} devices")
+
+
+def _epoch_examples(options: SweepOptions, entry) -> int:
+    name = options.data.split(":", 1)[1] if options.data.startswith("tfds:") else entry.dataset
+    return get_dataset_info(name).train_examples
+
+
+def _complete(row: dict, options: SweepOptions, entry, epoch_examples: int, common: dict) -> dict:
+    row.update(common)
+    row.setdefault("data", options.data)
+    row.setdefault("warmup_steps", 0 if row["simulated"] else options.warmup_steps)
+    row.setdefault("steps", 0 if row["simulated"] else options.steps)
+    examples_per_s = row["global_batch"] / row["step_time_median_s"]
+    row["throughput"] = examples_per_s * entry.units_per_example
+    row["throughput_unit"] = f"{entry.sample_unit}/s"
+    row["epoch_examples"] = epoch_examples
+    row["epoch_time_s"] = epoch_examples / examples_per_s
+    row["epoch_time_min"] = row["epoch_time_s"] / 60.0
+    return row
+
+
+def _measure(options, entry, progress, profile_path):
+    capacity = find_capacity(options.hostfile, options.npernode)
+    check_counts(options.counts, capacity, options.oversubscribe)
+    rows = []
+    for count in options.counts:
+        progress.start(count)
+        micro = options.micro_batch_for(count, entry.default_micro_batch)
+        result = run_point(options, count, micro, profile_path if count == 1 else None)
+        row = measured_row(result, is_oversubscribed(count, capacity))
+        rows.append(row)
+        progress.finish(count, f"median step {row['step_time_median_s']:.3f} s"
+                               + (" (oversubscribed)" if row["oversubscribed"] else ""))
+    return rows
+
+
+def _profile_for_simulation(options, entry, progress, profile_path):
+    if options.model_profile:
+        profile = load_profile(options.model_profile)
+        if profile["model"] != entry.name:
+            raise BenchUsageError(f"--model-profile {options.model_profile} is of model "
+                                  f"{profile['model']!r}, not {entry.name!r}")
+        shutil.copyfile(options.model_profile, profile_path)
+        return profile
+    progress.start(1, "measuring the 1-device profile")
+    run_point(options, 1, options.micro_batch_for(1, entry.default_micro_batch), profile_path)
+    progress.finish(1, f"profile written to {profile_path}")
+    return load_profile(profile_path)
+
+
+def _simulate(options, entry, profile, cluster, counts):
+    rows = []
+    for count in counts:
+        # The keras baseline exchanges no gradients, so its prediction has no communication.
+        row = simulated_row(profile, cluster, count, options.micro_batch_for(count, entry.default_micro_batch),
+                            exchange_gradients=options.framework == "tnt")
+        row["command"] = options.command
+        rows.append(row)
+    return rows
+
+
+def _validation(rows: list[dict]) -> list[dict]:
+    measured = {r["devices"]: r for r in rows if not r["simulated"]}
+    table = []
+    for row in rows:
+        if row["simulated"] and row["devices"] in measured:
+            real = measured[row["devices"]]
+            error = row["step_time_median_s"] / real["step_time_median_s"] - 1.0
+            table.append({"devices": row["devices"], "oversubscribed": real["oversubscribed"],
+                          "measured_step_s": real["step_time_median_s"],
+                          "predicted_step_s": row["step_time_median_s"],
+                          "relative_error": error, "cluster": row["cluster"]})
+    return table
+
+
+def run_scaling(options: SweepOptions) -> dict:
+    """Run (or simulate) the sweep and write runs.csv, summary.json, profile.json, plots."""
+    entry = get_model_entry(options.model)
+    check_batches(options, entry.default_micro_batch)
+    epoch_examples = _epoch_examples(options, entry)
+    cluster = load_cluster_profile(options.cluster) if options.cluster else None
+    if options.simulate and cluster is None:
+        raise BenchUsageError("--simulate needs --cluster PROFILE (a TOML file, or one of "
+                              "hpc_da, supermuc_ng, this_machine)")
+    if options.simulate:
+        check_cluster_capacity(options.counts, cluster)
+    os.makedirs(options.out, exist_ok=True)
+    profile_path = os.path.join(options.out, "profile.json")
+    machine, source = describe_machine(), describe_source()
+    runs = 1 if options.simulate and not options.model_profile else (0 if options.simulate else len(options.counts))
+    progress = Progress(max(runs, 1), f"{options.model} ({options.framework})", enabled=options.progress)
+
+    if options.simulate:
+        profile = _profile_for_simulation(options, entry, progress, profile_path)
+        rows = _simulate(options, entry, profile, cluster, options.counts)
+    else:
+        rows = _measure(options, entry, progress, profile_path)
+        if cluster is not None:
+            rows += _simulate(options, entry, load_profile(profile_path), cluster, options.counts)
+
+    sweep = os.path.basename(os.path.normpath(options.out))
+    timestamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    common = {"sweep": sweep, "model": entry.name, "framework": options.framework,
+              "scaling": options.scaling, "timestamp": timestamp, **machine, **source}
+    rows = [_complete(row, options, entry, epoch_examples, common) for row in rows]
+    records.derive_figures(rows)
+    records.write_runs(rows, options.out)
+    validation = _validation(rows)
+    if validation:
+        import pandas as pd
+        pd.DataFrame(validation).to_csv(os.path.join(options.out, "validation.csv"), index=False)
+    summary = {
+        "sweep": sweep, "created": timestamp, "command": options.command,
+        "options": {k: v for k, v in vars(options).items() if k not in ("command",)},
+        "model": {"name": entry.name, "description": entry.description, "unit": entry.sample_unit,
+                  "dataset": entry.dataset, "epoch_examples": epoch_examples},
+        "machine": machine, "source": source,
+        "cluster": None if cluster is None else {"name": cluster.name, "description": cluster.description,
+                                                 "source": cluster.source, "profile": cluster.path},
+        "points": [{key: row[key] for key in (
+            "devices", "nodes", "simulated", "cluster", "oversubscribed", "micro_batch", "global_batch",
+            "step_time_median_s", "throughput", "throughput_unit", "epoch_time_min", "speedup",
+            "efficiency")} for row in rows],
+        "validation": validation,
+        "files": ["runs.csv", "summary.json", "profile.json"] + (["validation.csv"] if validation else []),
+    }
+    if options.plots:
+        from bench.plots import plot_directories
+        summary["files"] += [os.path.basename(p) for p in plot_directories([options.out], options.out)]
+    records.write_summary(summary, options.out)
+    return summary
