@@ -1,4 +1,4 @@
-"""tnt-bench: MLPerf-style scaling benchmarks for tarantella, with results, plots and simulation.
+r"""tnt-bench: MLPerf-style scaling benchmarks for tarantella, with results, plots and simulation.
 
     tnt-bench scaling --model resnet50_small --devices 1..2 --steps 10 --out results/r50
     tnt-bench scaling --model resnet50 --devices 1..96 --simulate --cluster hpc_da \
@@ -8,6 +8,7 @@
     tnt-bench plot results/r50 results/r50_keras --out results/compare
     tnt-bench train --benchmark mini_digits -n 2
     tnt-bench calibrate -n 2          (fit a profile's [intra_node] to the engine's allreduce)
+    tnt-bench allreduce --ranks 2,4   (the engine's algorithms against MPI_Allreduce)
 
 Devices: a range A..B (powers of two between, plus both ends), a list 1,2,6,12, or one
 count. Bad input ends with one line `tnt-bench: error: ...` and exit code 2; a failed
@@ -101,6 +102,12 @@ def _add_calibrate(commands):
     parser.add_argument("--max-bytes", type=_positive_int, default=64 << 20)
 
 
+def _add_allreduce(commands):
+    from bench.allreduce.run import add_arguments
+    parser = commands.add_parser("allreduce", help="time the engine's allreduce algorithms against MPI")
+    add_arguments(parser)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tnt-bench", description=__doc__.split("\n\n")[0],
                      epilog=__doc__[__doc__.index("\n\n") + 2:],
@@ -110,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(commands)
     _add_plot(commands)
     _add_calibrate(commands)
+    _add_allreduce(commands)
     return parser
 
 
@@ -185,6 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _train(args, argv)
         if args.command == "calibrate":
             return _calibrate(args)
+        if args.command == "allreduce":
+            from bench.allreduce.run import run
+            return run(args)
     except BenchUsageError as error:
         print(f"tnt-bench: error: {error}", file=sys.stderr, flush=True)
         return USAGE_EXIT_CODE
