@@ -13,9 +13,35 @@ from tarantella.errors import MismatchError, CollectiveTimeoutError, EngineError
 
 __version__ = "0.1.0"
 
+# The Keras face imports TensorFlow (seconds, and unwanted by the launcher and
+# numpy-only users), so its names are resolved on first access.
+_LAZY = {
+    "Model": ("tarantella.keras.model", "Model"),
+    "ParallelStrategy": ("tarantella.keras.parallel_strategy", "ParallelStrategy"),
+    "models": ("tarantella.keras.models", None),
+    "keras": ("tarantella.keras", None),
+    "data": ("tarantella.data", None),
+}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tarantella' has no attribute {name!r}")
+    import importlib
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 __all__ = [
     "init", "is_initialized", "get_rank", "get_size", "get_master_rank", "is_master_rank", "shutdown",
     "Group", "allreduce", "broadcast", "allgather", "barrier", "allgather_object", "broadcast_object",
     "MismatchError", "CollectiveTimeoutError", "EngineError",
+    "Model", "ParallelStrategy", "models", "keras", "data",
     "__version__",
 ]

@@ -1,0 +1,82 @@
+"""Turn the user's training data into this rank's stream of micro-batches.
+
+Every element this module yields is a dict (see `DistributedElement`): the
+rank's micro-batch (`tnt_data`, in the usual Keras `(x, y, sample_weight)`
+form), the size of the global batch it came from, and the position of the
+micro-batch's first sample in the epoch. The step functions use the global
+size to weight this rank's loss (tarantella/keras/loss_scaling.py) and
+`predict` uses the position to put results back in input order.
+
+All ranks must see the same sequence of global batches: a tf.data pipeline
+with an unseeded shuffle gives every rank its own order (samples get lost or
+repeated); seed it (`dataset.shuffle(n, seed=...)`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["DATA", "GLOBAL_SIZE", "FIRST_INDEX", "is_distributed_element", "from_arrays", "class_weights_as_sample_weights",
+           "from_batched_dataset", "from_unbatched_dataset"]
+
+DATA = "tnt_data"
+GLOBAL_SIZE = "tnt_global_size"
+FIRST_INDEX = "tnt_first_index"
+
+
+def is_distributed_element(data) -> bool:
+    return isinstance(data, dict) and DATA in data and GLOBAL_SIZE in data
+
+
+def _slice_for_rank(batch, size: int, rank: int):
+    """This rank's contiguous part of a global batch (tensors), with the batch's size and the part's start."""
+    first = tf.nest.flatten(batch)[0]
+    total = tf.shape(first, out_type=tf.int64)[0]
+    base, extra = total // size, total % size
+    count = base + tf.cast(rank < extra, tf.int64)
+    start = rank * base + tf.minimum(tf.constant(rank, tf.int64), extra)
+    part = tf.nest.map_structure(lambda tensor: tensor[start:start + count], batch)
+    return part, total, start
+
+
+def from_batched_dataset(dataset: tf.data.Dataset, size: int, rank: int) -> tf.data.Dataset:
+    """Each element of `dataset` is a global batch; keep this rank's part of each."""
+    def take_part(offset, batch):
+        part, total, start = _slice_for_rank(batch, size, rank)
+        return offset + total, {DATA: part, GLOBAL_SIZE: total, FIRST_INDEX: offset + start}
+
+    return dataset.scan(tf.constant(0, tf.int64), take_part)
+
+
+def from_unbatched_dataset(dataset: tf.data.Dataset, micro_batch_size: int, size: int,
+                           rank: int) -> tf.data.Dataset:
+    """`dataset` yields single samples; global batches hold `micro_batch_size` per rank."""
+    if micro_batch_size < 1:
+        raise ValueError(f"tarantella: tnt_micro_batch_size must be at least 1, got {micro_batch_size}")
+    return from_batched_dataset(dataset.batch(micro_batch_size * size), size, rank)
+
+
+def from_arrays(arrays, batch_size: int, shuffle: bool, seed: int, size: int, rank: int) -> tf.data.Dataset:
+    """`arrays`: a structure (tuple/dict) of arrays with equal first dimensions, cut
+    into global batches of `batch_size` (reshuffled every epoch with the same
+    `seed`, hence the same order, on every rank when `shuffle`)."""
+    tensors = tf.nest.map_structure(tf.convert_to_tensor, arrays)
+    num_samples = int(tf.nest.flatten(tensors)[0].shape[0])
+    positions = tf.data.Dataset.range(num_samples)
+    if shuffle:
+        positions = positions.shuffle(num_samples, seed=seed, reshuffle_each_iteration=True)
+
+    def gather_part(batch_number, batch_positions):
+        part, total, start = _slice_for_rank(batch_positions, size, rank)
+        data = tf.nest.map_structure(lambda tensor: tf.gather(tensor, part), tensors)
+        return {DATA: data, GLOBAL_SIZE: total, FIRST_INDEX: batch_number * batch_size + start}
+
+    return positions.batch(batch_size).enumerate().map(gather_part).prefetch(tf.data.AUTOTUNE)
+
+
+def class_weights_as_sample_weights(y, class_weight: dict):
+    """Keras's rule: a sample's weight is its class's weight (class = y, or argmax of one-hot y)."""
+    y = np.asarray(y)
+    classes = y.argmax(axis=-1) if y.ndim == 2 and y.shape[-1] > 1 else y.reshape(len(y), -1)[:, 0]
+    table = np.array([class_weight.get(c, 1.0) for c in range(int(classes.max()) + 1)], dtype=np.float32)
+    return table[classes.astype(np.int64)]

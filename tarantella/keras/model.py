@@ -1,0 +1,265 @@
+"""tnt.Model: a Keras 3 model trained data-parallel over all ranks.
+
+    model = tnt.Model(keras_model)
+    model.compile(...); model.fit(x, y, batch_size=GLOBAL_BATCH, ...)
+
+Only public Keras extension points are used: this is a keras.Model subclass
+that wraps the user's model (`call` delegates to it) and overrides
+train/test/predict_step (tarantella/keras/tf_steps.py), fit/evaluate/predict
+(to shard the input, tarantella/data) and get_metrics_result (global metric
+values, tarantella/keras/metric_reduction.py).
+"""
+from __future__ import annotations
+
+import logging
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tarantella import collectives, runtime
+from tarantella.data import distributed_dataset, user_input
+from tarantella.keras import callbacks as rank_callbacks
+from tarantella.keras import metric_reduction, tf_steps
+from tarantella.keras.graph_allreduce import GraphAllreducer
+from tarantella.keras.parallel_strategy import ParallelStrategy
+
+__all__ = ["Model"]
+
+logger = logging.getLogger("tarantella")
+
+
+class Model(keras.Model):
+    """Wraps `model` for synchronous data-parallel training; behaves like it otherwise.
+
+    overlap_communication=False starts the gradient allreduce only once the
+    whole backprop is done (for measuring what overlap buys)."""
+
+    def __init__(self, model: keras.Model, parallel_strategy=ParallelStrategy.DATA,
+                 overlap_communication: bool = True, name: str | None = None):
+        if isinstance(model, Model):
+            raise TypeError("tarantella: this model is already a tnt.Model")
+        if not isinstance(model, keras.Model):
+            raise TypeError(f"tarantella: tnt.Model wraps a keras.Model, got {type(model).__name__}")
+        if parallel_strategy != ParallelStrategy.DATA:
+            raise NotImplementedError(f"tarantella: parallel_strategy={parallel_strategy} is not available yet; "
+                                      f"use tnt.ParallelStrategy.DATA")
+        super().__init__(name=name or model.name)
+        self._model = model
+        self.parallel_strategy = parallel_strategy
+        self.overlap_communication = overlap_communication
+        self.world_size = runtime.get_size()
+        self._allreducers: list[GraphAllreducer] = []
+        self._validation_dataset = None
+        self._weights_synchronized = False
+        if model.built:
+            self.built = True
+            self._synchronize_weights()
+
+    # --- the wrapped model ---------------------------------------------------
+
+    def build(self, input_shape=None):
+        if not self._model.built:
+            self._model.build(input_shape)
+        self.built = True
+
+    def call(self, inputs, training=None):
+        return self._model(inputs, training=training)
+
+    @property
+    def wrapped_model(self) -> keras.Model:
+        """The user's Keras model (shares its variables with this one)."""
+        return self._model
+
+    @property
+    def layers(self):
+        return self._model.layers
+
+    def get_layer(self, name=None, index=None):
+        return self._model.get_layer(name=name, index=index)
+
+    @property
+    def inputs(self):
+        return self._model.inputs
+
+    @property
+    def outputs(self):
+        return self._model.outputs
+
+    def summary(self, *args, **kwargs):
+        return self._model.summary(*args, **kwargs)
+
+    def get_weights(self):
+        return self._model.get_weights()
+
+    def set_weights(self, weights):
+        self._model.set_weights(weights)
+
+    def to_json(self, **kwargs):
+        return self._model.to_json(**kwargs)
+
+    def save(self, filepath, overwrite=True, **kwargs):
+        """The master rank writes the wrapped model as a plain `.keras` file (other ranks do nothing;
+        not a collective). Load it with keras.saving.load_model or tnt.models.load_model."""
+        if runtime.is_master_rank():
+            self._model.save(filepath, overwrite=overwrite, **kwargs)
+
+    def save_weights(self, filepath, overwrite=True, **kwargs):
+        if runtime.is_master_rank():
+            self._model.save_weights(filepath, overwrite=overwrite, **kwargs)
+
+    def load_weights(self, filepath, *args, **kwargs):
+        self._model.load_weights(filepath, *args, **kwargs)
+
+    # --- compile -------------------------------------------------------------
+
+    def compile(self, optimizer="rmsprop", loss=None, metrics=None, jit_compile="auto", **kwargs):
+        if self.world_size > 1 and jit_compile not in (False, "auto"):
+            logger.warning("tarantella: jit_compile=%r ignored: the gradient allreduce ops are not XLA ops", jit_compile)
+        if self.world_size > 1:
+            jit_compile = False
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=jit_compile, **kwargs)
+        # The wrapped model is compiled alike (sharing the optimizer) so that its saved file is complete.
+        self._model.compile(optimizer=self.optimizer, loss=loss, metrics=metrics, jit_compile=jit_compile, **kwargs)
+        self._close_allreducers()
+
+    @property
+    def loss_tracker(self) -> keras.metrics.Metric:
+        """Keras's own loss metric (the first of `metrics`, named "loss")."""
+        for metric in super().metrics:
+            if metric.name == "loss" and isinstance(metric, keras.metrics.Mean):
+                return metric
+        if not hasattr(self, "_tnt_loss_tracker"):
+            self._tnt_loss_tracker = keras.metrics.Mean(name="loss")
+        return self._tnt_loss_tracker
+
+    # --- steps ---------------------------------------------------------------
+
+    def train_step(self, data):
+        return tf_steps.train_step(self, data)
+
+    def test_step(self, data):
+        return tf_steps.test_step(self, data)
+
+    def predict_step(self, data):
+        return tf_steps.predict_step(self, data)
+
+    def reduce_gradients(self, gradients, variables):
+        """Sum of every rank's gradients (called while tracing the train step)."""
+        if self.world_size == 1:
+            return gradients
+        in_backprop_order = tf_steps.dense_gradients(gradients, variables)[::-1]
+        summed = self._allreducer_for(in_backprop_order)(in_backprop_order, overlap=self.overlap_communication)
+        return summed[::-1]
+
+    def get_metrics_result(self):
+        """The metric values of all ranks together; a collective when called outside a step."""
+        if self.world_size == 1:
+            return super().get_metrics_result()
+        if tf.executing_eagerly():
+            return metric_reduction.eager_global_results(self.metrics)
+        return metric_reduction.graph_global_results(self.metrics, self._allreducer_for)
+
+    def _allreducer_for(self, tensors) -> GraphAllreducer:
+        for allreducer in self._allreducers:
+            if allreducer.matches(tensors):
+                return allreducer
+        allreducer = GraphAllreducer([t.shape for t in tensors], [t.dtype for t in tensors])
+        self._allreducers.append(allreducer)
+        return allreducer
+
+    def _close_allreducers(self):
+        for allreducer in self._allreducers:
+            allreducer.close()
+        self._allreducers = []
+
+    # --- fit / evaluate / predict -----------------------------------------------
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
+            validation_split=0.0, validation_data=None, shuffle=True, class_weight=None, sample_weight=None,
+            initial_epoch=0, steps_per_epoch=None, validation_steps=None, validation_batch_size=None,
+            validation_freq=1, tnt_micro_batch_size=None, tnt_validation_micro_batch_size=None):
+        """As keras.Model.fit; `batch_size` is the GLOBAL batch size (all ranks together).
+        tnt_micro_batch_size: with an unbatched tf.data.Dataset, samples per rank and step."""
+        if validation_split and validation_data is None:
+            (x, y, sample_weight), validation_data = user_input.split_for_validation(
+                x, y, sample_weight, validation_split)
+        seed = collectives.broadcast_object(int(np.random.randint(2**31 - 1)) if runtime.is_master_rank() else None)
+        train = self._distribute(x, y, sample_weight, batch_size=batch_size, micro_batch_size=tnt_micro_batch_size,
+                                 shuffle=bool(shuffle) and not isinstance(x, tf.data.Dataset), seed=seed,
+                                 class_weight=class_weight)
+        validation = None
+        if validation_data is not None:
+            vx, vy, vsw = (keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
+                           if isinstance(validation_data, (tuple, list)) else (validation_data, None, None))
+            if isinstance(vx, tf.data.Dataset):
+                validation_batch_size = None
+            else:
+                validation_batch_size = validation_batch_size or (None if tnt_validation_micro_batch_size
+                                                                  else batch_size)
+                if validation_batch_size is None and tnt_validation_micro_batch_size is None:
+                    validation_batch_size = (tnt_micro_batch_size * self.world_size
+                                             if tnt_micro_batch_size else None)
+            validation = self._distribute(vx, vy, vsw, batch_size=validation_batch_size,
+                                          micro_batch_size=tnt_validation_micro_batch_size,
+                                          what="validation_batch_size")
+        self._prepare(train)
+        self._validation_dataset = validation
+        try:
+            return super().fit(train, epochs=epochs, verbose=rank_callbacks.verbosity_for_this_rank(verbose),
+                               callbacks=rank_callbacks.callbacks_for_this_rank(callbacks),
+                               validation_data=validation, shuffle=False, initial_epoch=initial_epoch,
+                               steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+                               validation_freq=validation_freq)
+        finally:
+            self._validation_dataset = None
+
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None, steps=None,
+                 callbacks=None, return_dict=False, tnt_micro_batch_size=None, **kwargs):
+        """As keras.Model.evaluate, with the data sharded over the ranks; global results on every rank."""
+        if x is not None and x is self._validation_dataset:  # fit's validation pass: already distributed
+            return super().evaluate(x, y, batch_size=batch_size, verbose=verbose, sample_weight=sample_weight,
+                                    steps=steps, callbacks=callbacks, return_dict=return_dict, **kwargs)
+        data = self._distribute(x, y, sample_weight, batch_size=batch_size, micro_batch_size=tnt_micro_batch_size)
+        self._prepare(data)
+        return super().evaluate(data, verbose=rank_callbacks.verbosity_for_this_rank(verbose), steps=steps,
+                                callbacks=rank_callbacks.callbacks_for_this_rank(callbacks),
+                                return_dict=return_dict, **kwargs)
+
+    def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None, tnt_micro_batch_size=None):
+        """As keras.Model.predict: every rank predicts its part, every rank returns all predictions in input order."""
+        data = self._distribute(x, None, None, batch_size=batch_size, micro_batch_size=tnt_micro_batch_size)
+        self._prepare(data)
+        predictions, positions = super().predict(data, verbose=rank_callbacks.verbosity_for_this_rank(verbose),
+                                                 steps=steps,
+                                                 callbacks=rank_callbacks.callbacks_for_this_rank(callbacks))
+        if self.world_size == 1:
+            return predictions
+        parts = collectives.allgather_object((predictions, positions))
+        order = np.argsort(np.concatenate([part[1] for part in parts]), kind="stable")
+        return tf.nest.map_structure(lambda *pieces: np.concatenate(pieces)[order], *[part[0] for part in parts])
+
+    def _distribute(self, x, y, sample_weight, *, batch_size, micro_batch_size, shuffle=False, seed=0,
+                    class_weight=None, what="batch_size"):
+        return user_input.distribute(x, y, sample_weight, batch_size=batch_size, micro_batch_size=micro_batch_size,
+                                     shuffle=shuffle, seed=seed, class_weight=class_weight, size=self.world_size,
+                                     rank=runtime.get_rank(), what=what)
+
+    def _prepare(self, dataset: tf.data.Dataset) -> None:
+        """Build the model (from one micro-batch) if needed, then give every rank the master's weights."""
+        if not self._model.built or not self.built:
+            element = next(iter(dataset.take(1)))
+            x, _, _ = keras.utils.unpack_x_y_sample_weight(element[distributed_dataset.DATA])
+            self(x, training=False)
+        self._synchronize_weights()
+
+    def _synchronize_weights(self) -> None:
+        """Once, collectively: every rank starts from the master rank's weights (seeded or not)."""
+        if self._weights_synchronized:
+            return
+        self._weights_synchronized = True
+        if self.world_size == 1:
+            return
+        root = runtime.get_master_rank()
+        self._model.set_weights([collectives.broadcast(np.array(weight, copy=True), root=root)
+                                 for weight in self._model.get_weights()])

@@ -1,0 +1,85 @@
+"""tnt.Model on 1..4 ranks against plain serial Keras (programs/*.py run every check in one launch)."""
+import json
+import os
+
+import pytest
+
+from tests.multirank import run_ranks
+
+PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
+TOLERANCE = 1e-5  # relative, see relative_difference in programs/fit_matches_serial.py
+TIMEOUT = 400
+ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+
+
+def results(run, n):
+    """{check: {rank: values}} from the ranks' RESULT lines."""
+    by_check = {}
+    for rank, text in run.rank_stdout.items():
+        for line in text.splitlines():
+            if line.startswith("RESULT "):
+                values = json.loads(line[len("RESULT "):])
+                assert values["rank"] == rank and values["size"] == n
+                by_check.setdefault(values["check"], {})[rank] = values
+    for check, per_rank in by_check.items():
+        assert sorted(per_rank) == list(range(n)), f"{check}: results from ranks {sorted(per_rank)}"
+    return by_check
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_fit_evaluate_predict_match_serial_keras(n):
+    run = run_ranks(n, os.path.join(PROGRAMS, "fit_matches_serial.py"), timeout=TIMEOUT, env=ENV).check()
+    found = results(run, n)
+    for check in ("mlp_arrays", "cnn_dataset", "mlp_micro_batches", "dict_inputs"):
+        for rank, values in found[check].items():
+            assert values["weights"] <= TOLERANCE, f"{check} rank {rank}: weights differ by {values['weights']}"
+            assert values["history"] <= TOLERANCE, f"{check} rank {rank}: logs differ by {values['history']}"
+            assert values["epochs"] == 3
+            assert "val_loss" in values["history_keys"]
+        # Logs are global values: bitwise the same on every rank.
+        assert len({json.dumps(v["logs"], sort_keys=True) for v in found[check].values()}) == 1, check
+        print(f"{n} ranks, {check}: max relative difference weights "
+              f"{max(v['weights'] for v in found[check].values()):.2e}, "
+              f"logs {max(v['history'] for v in found[check].values()):.2e}")
+    for values in found["mlp_evaluate"].values():
+        assert values["distributed"] == pytest.approx(values["serial"], rel=TOLERANCE)
+    for values in found["mlp_predict"].values():
+        assert values["shape"] == [103, 3] and values["difference"] < 1e-5
+    for values in found["batch_norm"].values():
+        # Trainable weights stay identical on all ranks; BatchNorm statistics are per rank
+        # (per micro-batch), so only one rank reproduces serial training.
+        assert values["trainable_equal_on_ranks"]
+        if n == 1:
+            assert values["weights"] <= TOLERANCE
+    assert all(v["every_epoch_a_permutation"] for v in found["shuffle"].values())
+    assert all(v["equal_to_master"] for v in found["initial_weights"].values())
+    if n > 1:
+        assert all(v["raised"] and "GLOBAL" in v["message"] for v in found["small_batch"].values())
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.parametrize("n", [1, 3])
+def test_callbacks_and_saving(n, tmp_path):
+    run = run_ranks(n, os.path.join(PROGRAMS, "callbacks_and_saving.py"), args=[str(tmp_path)],
+                    timeout=TIMEOUT, env=ENV).check()
+    found = results(run, n)
+    callbacks = found["callbacks"]
+    # EarlyStopping & co decide identically everywhere: same epochs, same logs, same learning rate.
+    assert len({(v["epochs"], json.dumps(v["recorded"]), v["learning_rate"]) for v in callbacks.values()}) == 1
+    assert callbacks[0]["epochs"] < 30
+    assert all(v["batches"] == callbacks[0]["epochs"] * 8 for v in callbacks.values())  # ceil(90 / 12) steps
+    # Output callbacks ran on the master only.
+    files = set(os.listdir(tmp_path))
+    assert {"log-from-rank-0.csv", "checkpoint-from-rank-0.keras", "model.keras"} <= files
+    assert not any(f"rank-{r}" in name for name in files for r in range(1, n))
+    # The progress bar too: only rank 0 printed one.
+    assert all("val_loss" not in run.rank_stdout.get(r, "") for r in range(1, n))
+    assert "val_loss" in run.rank_stdout[0]
+    for values in found["plain_keras_load"].values():
+        assert not values["is_tnt"] and values["same_weights"] and values["same_predictions"]
+    for values in found["tnt_load"].values():
+        assert values["is_tnt"] and values["weights_equal_on_ranks"]
+        assert values["before"] == values["original"]  # the loaded model is the saved one
