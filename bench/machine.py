@@ -55,7 +55,8 @@ def _memory_gib() -> float:
 def describe_machine() -> dict:
     return {"hostname": socket.gethostname(), "cpu_model": _cpu_model(),
             "cpus": os.cpu_count() or 1, "physical_cores": physical_cores(),
-            "memory_gib": _memory_gib(), "os": platform.platform()}
+            "memory_gib": _memory_gib(), "os": platform.platform(),
+            "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
 
 
 def _git(*args) -> str:

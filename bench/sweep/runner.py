@@ -61,7 +61,9 @@ def run_point(options: SweepOptions, devices: int, micro_batch: int,
                             f"and was stopped; raise --timeout or lower --steps. Last output:\n"
                             f"{_tail(stderr)}") from None
     if process.returncode == _FRAMEWORK_MISSING:
-        raise BenchUsageError(_tail(stderr, 1).replace("train_benchmark: ", ""))
+        said = [line.split("train_benchmark: ", 1)[1] for line in stderr.splitlines()
+                if "train_benchmark: " in line]
+        raise BenchUsageError(said[-1] if said else "the benchmark program cannot run this framework")
     result = parse_result_line(stdout)
     if process.returncode != 0 or result is None:
         raise SweepRunError(f"the run on {devices} device(s) failed with exit code "

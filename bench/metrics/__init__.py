@@ -1,0 +1,1 @@
+"""Quality metrics of the benchmarks that Keras does not provide."""
