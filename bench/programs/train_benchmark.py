@@ -139,9 +139,16 @@ def _measure_profile(entry, keras_model, args, step_times):
     phases = measure_phases(keras_model, _loss(entry), inputs, labels)
     step_s = float(np.median(step_times))
     one_inputs, _ = synthetic_batch(entry, 1, seed=args.seed)
+    update_s = max(step_s - phases["forward_backward_s"], 0.0)
+    batch, half = args.global_batch, phases["half_batch"]
+    per_example_s = 0.0
+    if batch > half:
+        per_example_s = max((phases["forward_backward_s"] - phases["forward_backward_half_s"]) / (batch - half), 0.0)
+    per_example_s = min(per_example_s, phases["forward_backward_s"] / batch)
     return {"model": entry.name, "micro_batch": args.global_batch, "step_s": step_s,
             "forward_s": phases["forward_s"], "backward_s": phases["backward_s"],
-            "update_s": max(step_s - phases["forward_s"] - phases["backward_s"], 0.0),
+            "update_s": update_s, "per_example_s": per_example_s,
+            "fixed_s": max(step_s - per_example_s * batch, 0.0), "phases": phases,
             "gradients": gradient_timeline(keras_model, one_inputs),
             "threads": int(os.environ.get("TF_NUM_INTRAOP_THREADS", "0") or 0) or os.cpu_count(),
             "host": socket.gethostname()}

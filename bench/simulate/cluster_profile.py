@@ -7,6 +7,7 @@
     mode = "independent"          # each device computes alone; "shared_node": the ranks
                                   # of a node split its cores (one CPU machine)
     relative_speed = 20.0         # device speed / the measured 1-device run's speed
+    cores_per_node = 2            # shared_node only: ranks beyond it time-share cores
     [compute.models.resnet50]     # optional, wins over relative_speed: a step time known
     micro_batch = 64              # for the model on this device (measured or published)
     step_s = 0.168
@@ -68,6 +69,7 @@ class ClusterProfile:
     reduce_Bps: float
     fusion_threshold_bytes: int
     overlap: bool
+    cores_per_node: int = 0
     path: str = ""
 
     @property
@@ -119,4 +121,5 @@ def load_cluster_profile(name_or_path: str) -> ClusterProfile:
         inter=_link(data.get("inter_node", data.get("intra_node", {})), f"{path} [inter_node]"),
         reduce_Bps=float(data.get("reduce", {}).get("bandwidth_GBps", 10.0)) * 1e9,
         fusion_threshold_bytes=int(engine.get("fusion_threshold_kb", 32)) * 1024,
-        overlap=bool(engine.get("overlap", True)), path=path)
+        overlap=bool(engine.get("overlap", True)),
+        cores_per_node=int(compute.get("cores_per_node", data["devices_per_node"])), path=path)

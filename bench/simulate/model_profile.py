@@ -1,6 +1,8 @@
 """The measured 1-device profile of a model: what the simulation needs to know about it.
 
     step_s, forward_s, backward_s, update_s   measured at `micro_batch` on this machine
+    fixed_s, per_example_s   the step as fixed + per_example x batch (from forward plus
+                 backward at the micro-batch and at half of it; the update counts as fixed)
     gradients    one entry per trainable variable, in the order backprop produces them
                  (last layer first): bytes and `ready_fraction`, the share of the
                  backward pass done when the gradient is complete
@@ -99,25 +101,31 @@ def _median_time(fn, repeats: int) -> float:
 
 
 def measure_phases(model, loss_fn, inputs, labels, repeats: int = 3) -> dict:
-    """Median seconds of the forward pass and of forward plus backward (no update)."""
+    """Median seconds of the forward pass and of forward plus backward (no update), and
+    forward plus backward on half the batch: the step's batch-independent part is
+    what a line through the two batch sizes leaves at batch 0."""
     import tensorflow as tf
 
     @tf.function
-    def forward():
-        return loss_fn(labels, model(inputs, training=True))
+    def forward(x, y):
+        return loss_fn(y, model(x, training=True))
 
     @tf.function
-    def forward_backward():
+    def forward_backward(x, y):
         with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(inputs, training=True))
+            loss = loss_fn(y, model(x, training=True))
         return tape.gradient(loss, model.trainable_variables)
 
-    def run(fn):
-        return lambda: tf.nest.map_structure(lambda t: t.numpy(), fn())
+    def run(fn, x, y):
+        return lambda: tf.nest.map_structure(lambda t: t.numpy(), fn(x, y))
 
-    forward_s = _median_time(run(forward), repeats)
-    forward_backward_s = _median_time(run(forward_backward), repeats)
-    return {"forward_s": forward_s, "backward_s": max(forward_backward_s - forward_s, 0.0)}
+    half = tf.nest.map_structure(lambda a: a[:max(len(a) // 2, 1)], (inputs, labels))
+    forward_s = _median_time(run(forward, inputs, labels), repeats)
+    forward_backward_s = _median_time(run(forward_backward, inputs, labels), repeats)
+    half_s = _median_time(run(forward_backward, *half), repeats)
+    return {"forward_s": forward_s, "backward_s": max(forward_backward_s - forward_s, 0.0),
+            "forward_backward_s": forward_backward_s, "forward_backward_half_s": half_s,
+            "half_batch": int(len(half[1]))}
 
 
 def save_profile(profile: dict, path: str) -> None:

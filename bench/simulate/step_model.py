@@ -47,11 +47,18 @@ def compute_times(profile: dict, cluster: ClusterProfile, micro_batch: int, devi
     if model_step is not None:
         step = model_step.step_s * micro_batch / model_step.micro_batch
     else:
-        step = profile["step_s"] * micro_batch / profile["micro_batch"] / cluster.relative_speed
-    if cluster.compute_mode == "shared_node":
-        # The node's cores are split among its ranks: its throughput stays what one rank
-        # with all cores measured, so each rank's step takes `ranks on the node` times longer.
-        step *= min(devices, cluster.devices_per_node)
+        fixed = profile.get("fixed_s", 0.0) / cluster.relative_speed
+        per_example = profile.get("per_example_s", profile["step_s"] / profile["micro_batch"])
+        variable = per_example * micro_batch / cluster.relative_speed
+        if cluster.compute_mode == "shared_node":
+            # The node's cores are split among its ranks: the per-example work runs at the
+            # node's throughput, which one rank with all cores measured, so it takes `ranks
+            # on the node` times longer per example. The fixed part (Python, kernel launches)
+            # is mostly serial; it is slowed only once ranks outnumber the cores.
+            ranks = min(devices, cluster.devices_per_node)
+            variable *= ranks
+            fixed *= max(1.0, ranks / cluster.cores_per_node)
+        step = fixed + variable
     measured = profile["forward_s"] + profile["backward_s"] + profile["update_s"]
     scale = step / measured if measured > 0 else 0.0
     return {"forward_s": profile["forward_s"] * scale, "backward_s": profile["backward_s"] * scale,
