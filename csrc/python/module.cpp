@@ -19,6 +19,8 @@
 
 namespace py = pybind11;
 
+void bind_peer_channels(py::module_& m);  // bind_peer_channels.cpp
+
 namespace {
 
 // Hot path: decided from kind and item size; only exotic dtypes pay for a name lookup.
@@ -208,6 +210,7 @@ PYBIND11_MODULE(_engine, m) {
     tnt::Engine::abort_job(code);
   });
   m.def("abi_version", &tnt_engine_abi_version);
+  bind_peer_channels(m);
   m.def("choose_algorithm", [](std::size_t bytes) {
     return std::string(tnt::algorithm_name(tnt::Engine::get().world_allreducer().choose(bytes)));
   });

@@ -1,0 +1,284 @@
+#include "peer_channels.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "deadline.hpp"
+#include "errors.hpp"
+#include "log.hpp"
+#include "mpi_call.hpp"
+
+namespace tnt {
+
+namespace {
+
+const char* kind_name(Transfer::Kind kind) { return kind == Transfer::Kind::send ? "send" : "receive"; }
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, length);
+}
+
+// A receive whose size differs from the sender's is the user's mistake (the
+// two sides disagree about a tensor's shape), not an MPI failure.
+const char* const kSizeMismatch = "size mismatch: ";
+
+}  // namespace
+
+std::string Transfer::describe(const ProcessGroup& group) const {
+  return std::string(kind_name(kind_)) + " of " + std::to_string(bytes_) + " bytes " +
+         (kind_ == Kind::send ? "to " : "from ") + group.describe_ranks({peer_}) + " with tag " + std::to_string(tag_);
+}
+
+int PeerChannels::max_tag() {
+  void* value = nullptr;
+  int flag = 0;
+  TNT_MPI(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &flag));
+  return flag ? *static_cast<int*>(value) : 32767;  // 32767: the least MPI guarantees
+}
+
+PeerChannels::PeerChannels(const ProcessGroup& group) : group_(group.duplicate()) {
+  progress_thread_ = std::thread([this] { progress_loop(); });
+}
+
+PeerChannels::~PeerChannels() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  work_.notify_all();
+  if (progress_thread_.joinable()) progress_thread_.join();
+}
+
+TransferPtr PeerChannels::send(int peer, int tag, const void* data, std::size_t bytes) {
+  return queue(Transfer::Kind::send, peer, tag, const_cast<void*>(data), bytes);
+}
+
+TransferPtr PeerChannels::receive(int peer, int tag, void* data, std::size_t bytes) {
+  return queue(Transfer::Kind::receive, peer, tag, data, bytes);
+}
+
+TransferPtr PeerChannels::queue(Transfer::Kind kind, int peer, int tag, void* data, std::size_t bytes) {
+  if (peer < 0 || peer >= group_->size() || peer == group_->rank()) {
+    throw UsageError(std::string(kind_name(kind)) + ": peer " + std::to_string(peer) +
+                     " is not another rank of this group of " + std::to_string(group_->size()) + " (this is rank " +
+                     std::to_string(group_->rank()) + ")");
+  }
+  if (tag < 0 || tag > max_tag()) {
+    throw UsageError(std::string(kind_name(kind)) + ": tag " + std::to_string(tag) + " is outside MPI's range 0.." +
+                     std::to_string(max_tag()));
+  }
+  checked_count(bytes);
+  auto transfer = std::make_shared<Transfer>();
+  transfer->kind_ = kind;
+  transfer->peer_ = peer;
+  transfer->tag_ = tag;
+  transfer->data_ = data;
+  transfer->bytes_ = bytes;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_.empty()) throw Error("the peer channels failed earlier: " + error_);
+    if (stopping_) throw UsageError("the peer channels are closed");
+    queued_.push_back(transfer);
+  }
+  work_.notify_one();
+  return transfer;
+}
+
+// See Note [Channels post on their own thread].
+void PeerChannels::progress_loop() {
+  std::vector<int> indices;
+  std::vector<MPI_Status> statuses;
+  unsigned round = 0;
+  for (;;) {
+    std::deque<TransferPtr> fresh;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (active_.empty()) work_.wait(lock, [&] { return stopping_ || !queued_.empty(); });
+      if (stopping_) break;
+      fresh.swap(queued_);
+      active_count_ = active_.size() + fresh.size();
+    }
+    try {
+      for (TransferPtr& transfer : fresh) {
+        post(*transfer);
+        active_.push_back(std::move(transfer));
+        requests_.push_back(active_.back()->request_);
+      }
+      if (active_.empty()) continue;
+      int count = 0;
+      indices.resize(requests_.size());
+      statuses.resize(requests_.size());
+      const int rc = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &count, indices.data(),
+                                  statuses.data());
+      if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) raise_mpi_error(rc, "MPI_Testsome", __FILE__, __LINE__);
+      if (count == MPI_UNDEFINED || count == 0) {
+        back_off(round++);
+        continue;
+      }
+      round = 0;
+      for (int i = 0; i < count; ++i) {
+        MPI_Status& status = statuses[i];
+        if (rc != MPI_ERR_IN_STATUS) status.MPI_ERROR = MPI_SUCCESS;
+        complete(static_cast<std::size_t>(indices[i]), status);
+      }
+      // Completed requests were set to MPI_REQUEST_NULL: drop them, keeping the rest aligned.
+      std::size_t kept = 0;
+      for (std::size_t i = 0; i < requests_.size(); ++i) {
+        if (requests_[i] == MPI_REQUEST_NULL) continue;
+        requests_[kept] = requests_[i];
+        active_[kept] = std::move(active_[i]);
+        ++kept;
+      }
+      requests_.resize(kept);
+      active_.resize(kept);
+      std::lock_guard<std::mutex> lock(mutex_);
+      active_count_ = active_.size();
+    } catch (const std::exception& error) {
+      fail_all(error.what());
+      return;
+    }
+  }
+  // Stopping: nobody will wait for what is left; let MPI forget it.
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  for (std::size_t i = 0; i < active_.size(); ++i) {
+    if (!finalized && requests_[i] != MPI_REQUEST_NULL) {
+      if (active_[i]->kind_ == Transfer::Kind::receive) MPI_Cancel(&requests_[i]);
+      MPI_Request_free(&requests_[i]);
+    }
+  }
+  fail_all("the peer channels were closed before this transfer completed");
+}
+
+void PeerChannels::post(Transfer& transfer) {
+  const int count = checked_count(transfer.bytes_);
+  if (transfer.kind_ == Transfer::Kind::send) {
+    TNT_MPI(MPI_Isend(transfer.data_, count, MPI_BYTE, transfer.peer_, transfer.tag_, group_->comm(),
+                      &transfer.request_));
+  } else {
+    TNT_MPI(MPI_Irecv(transfer.data_, count, MPI_BYTE, transfer.peer_, transfer.tag_, group_->comm(),
+                      &transfer.request_));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  transfer.state_ = Transfer::State::active;
+}
+
+void PeerChannels::complete(std::size_t index, const MPI_Status& status) {
+  Transfer& transfer = *active_[index];
+  if (status.MPI_ERROR != MPI_SUCCESS) {
+    int error_class = 0;
+    MPI_Error_class(status.MPI_ERROR, &error_class);
+    if (error_class == MPI_ERR_TRUNCATE) {
+      finish(transfer, Transfer::State::failed,
+             std::string(kSizeMismatch) + transfer.describe(*group_) +
+                 ": the sender sent more bytes; both sides must agree on the tensor's shape and dtype");
+    } else {
+      finish(transfer, Transfer::State::failed, transfer.describe(*group_) + ": " + mpi_error_text(status.MPI_ERROR));
+    }
+    return;
+  }
+  if (transfer.kind_ == Transfer::Kind::receive) {
+    int received = 0;
+    MPI_Get_count(&status, MPI_BYTE, &received);
+    if (static_cast<std::size_t>(received) != transfer.bytes_) {
+      finish(transfer, Transfer::State::failed,
+             std::string(kSizeMismatch) + transfer.describe(*group_) + " got only " + std::to_string(received) +
+                 " bytes; both sides must agree on the tensor's shape and dtype");
+      return;
+    }
+  }
+  finish(transfer, Transfer::State::done, std::string());
+}
+
+void PeerChannels::finish(Transfer& transfer, Transfer::State state, const std::string& error) {
+  std::vector<Callback> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    transfer.state_ = state;
+    transfer.error_ = error;
+    transfer.data_ = nullptr;
+    callbacks.swap(transfer.callbacks_);
+  }
+  finished_.notify_all();
+  for (Callback& callback : callbacks) callback(error);
+}
+
+void PeerChannels::fail_all(const std::string& error) {
+  std::vector<TransferPtr> left(active_.begin(), active_.end());
+  bool stopping = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping = stopping_;
+    if (error_.empty() && !stopping) error_ = error;
+    left.insert(left.end(), queued_.begin(), queued_.end());
+    queued_.clear();
+    active_count_ = 0;
+  }
+  if (!stopping) log_warning("peer channels: " + error);
+  for (TransferPtr& transfer : left) finish(*transfer, Transfer::State::failed, error);
+  active_.clear();
+  requests_.clear();
+}
+
+void PeerChannels::rethrow(const Transfer& transfer) const {
+  if (transfer.error_.rfind(kSizeMismatch, 0) == 0) throw MismatchError(transfer.error_);
+  throw Error(transfer.error_);
+}
+
+bool PeerChannels::test(const TransferPtr& transfer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (transfer->state_ == Transfer::State::failed) rethrow(*transfer);
+  return transfer->state_ == Transfer::State::done;
+}
+
+void PeerChannels::when_done(const TransferPtr& transfer, Callback callback) {
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (transfer->state_ == Transfer::State::queued || transfer->state_ == Transfer::State::active) {
+      transfer->callbacks_.push_back(std::move(callback));
+      return;
+    }
+    error = transfer->error_;
+  }
+  callback(error);
+}
+
+void PeerChannels::wait(const TransferPtr& transfer) {
+  const WaitLimits& limits = group_->limits();
+  const auto start = std::chrono::steady_clock::now();
+  const auto finished = [&] {
+    return transfer->state_ == Transfer::State::done || transfer->state_ == Transfer::State::failed;
+  };
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto warn_at = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                   std::chrono::duration<double>(limits.stall_warning_seconds));
+  const auto give_up_at = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                      std::chrono::duration<double>(limits.timeout_seconds));
+  if (warn_at < give_up_at && !finished_.wait_until(lock, warn_at, finished)) {
+    log_warning(transfer->describe(*group_) + " has waited " +
+                std::to_string(static_cast<int>(limits.stall_warning_seconds)) + " s; " +
+                group_->describe_ranks({transfer->peer_}) +
+                " may be slower, stuck, or at a different point of the schedule (set TNT_LOG_LEVEL=DEBUG for details)");
+  }
+  if (!finished_.wait_until(lock, give_up_at, finished)) {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    throw TimeoutError(transfer->describe(*group_) + " timed out after " + std::to_string(static_cast<int>(waited)) +
+                       " s waiting for " + group_->describe_ranks({transfer->peer_}) +
+                       ": that rank did not post the matching " +
+                       (transfer->kind_ == Transfer::Kind::send ? "receive" : "send") +
+                       " (crashed, hung, or running a different schedule); raise TNT_TIMEOUT_SECONDS "
+                       "(launcher flag --timeout) if it is merely slow");
+  }
+  if (transfer->state_ == Transfer::State::failed) rethrow(*transfer);
+}
+
+std::size_t PeerChannels::in_flight() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return active_count_ + queued_.size();
+}
+
+}  // namespace tnt

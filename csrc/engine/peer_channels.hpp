@@ -1,0 +1,140 @@
+// Non-blocking point-to-point transfers of byte buffers between the ranks of
+// a process group: the activations and activation gradients of a pipeline
+// travel through them.
+//
+// A transfer is addressed by (peer, tag); the caller chooses tags (the
+// pipeline composes them from micro-batch and tensor ids). Between one pair of
+// ranks, transfers with the same tag match in posting order (MPI's
+// non-overtaking rule), so a tag may be reused as soon as both sides post
+// their transfers in the same order.
+//
+// Note [Channels post on their own thread]
+// Every MPI call of a PeerChannels object runs on its progress thread, on its
+// own duplicate of the group's communicator (Note [One communicator per
+// user]): the framework thread only queues a transfer and returns, so posting
+// never waits for MPI's internal locks and the compute thread never drives
+// MPI's progress engine. The thread issues MPI_Isend/MPI_Irecv for queued
+// transfers, then polls all active ones with one MPI_Testsome, backing off
+// from spinning to sleeping (back_off()) while nothing completes, and sleeping
+// on a condition variable while nothing is queued or active, so an idle
+// channel costs no CPU. Completion fires the transfer's callbacks on the
+// progress thread, and wakes blocking waiters.
+//
+// Lifecycle, in the order the stages run:
+//   PeerChannels()   framework thread, once: duplicate the communicator,
+//                    start the progress thread.
+//   send() / receive()
+//                    any framework thread, per buffer: queue a transfer and
+//                    return its handle at once; the buffer must stay valid and
+//                    untouched until the transfer is done.
+//   progress_loop()  the progress thread: post queued transfers, test active
+//                    ones, complete them (Note [Channels post on their own thread]).
+//   when_done() / wait()
+//                    any framework thread, per transfer: a callback once the
+//                    transfer is done (or at once), or a blocking wait under
+//                    the group's timeout; a wait beyond it is a TimeoutError
+//                    naming the peer and the tag.
+//   ~PeerChannels()  framework thread: cancel what is still active, stop and
+//                    join the progress thread. Call it before MPI is finalised.
+#pragma once
+
+#include <mpi.h>
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "process_group.hpp"
+
+namespace tnt {
+
+class PeerChannels;
+
+// One send or receive. Created by PeerChannels; the caller holds it through a
+// shared_ptr and reads it only through the PeerChannels that made it.
+class Transfer {
+ public:
+  enum class Kind { send, receive };
+  enum class State { queued, active, done, failed };
+
+  Kind kind() const { return kind_; }
+  int peer() const { return peer_; }
+  int tag() const { return tag_; }
+  std::size_t bytes() const { return bytes_; }
+  std::string describe(const ProcessGroup& group) const;
+
+ private:
+  friend class PeerChannels;
+  Kind kind_ = Kind::send;
+  int peer_ = 0;                      // group rank of the other side
+  int tag_ = 0;
+  void* data_ = nullptr;              // caller's buffer; valid until done or failed
+  std::size_t bytes_ = 0;             // exact size; a receive of another size fails
+  MPI_Request request_ = MPI_REQUEST_NULL;  // progress thread only
+  State state_ = State::queued;       // guarded by PeerChannels::mutex_
+  std::string error_;                 // guarded by mutex_; set with State::failed
+  bool timed_out_ = false;            // guarded by mutex_; error_ is a timeout
+  std::vector<std::function<void(const std::string&)>> callbacks_;  // guarded by mutex_
+};
+
+using TransferPtr = std::shared_ptr<Transfer>;
+
+class PeerChannels {
+ public:
+  // Called with an empty string on success, or the error text.
+  using Callback = std::function<void(const std::string& error)>;
+
+  explicit PeerChannels(const ProcessGroup& group);
+  ~PeerChannels();
+  PeerChannels(const PeerChannels&) = delete;
+  PeerChannels& operator=(const PeerChannels&) = delete;
+
+  TransferPtr send(int peer, int tag, const void* data, std::size_t bytes);
+  TransferPtr receive(int peer, int tag, void* data, std::size_t bytes);
+
+  // True once the transfer is done; throws if it failed.
+  bool test(const TransferPtr& transfer);
+  // Runs `callback` once the transfer is done or failed (at once if it is),
+  // on the progress thread or the caller's.
+  void when_done(const TransferPtr& transfer, Callback callback);
+  // Blocks until the transfer is done, under the group's timeout.
+  void wait(const TransferPtr& transfer);
+
+  int rank() const { return group_->rank(); }
+  int size() const { return group_->size(); }
+  // Transfers queued or active right now.
+  std::size_t in_flight() const;
+  static int max_tag();
+
+ private:
+  TransferPtr queue(Transfer::Kind kind, int peer, int tag, void* data, std::size_t bytes);
+  void progress_loop();
+  void post(Transfer& transfer);
+  void complete(std::size_t index, const MPI_Status& status);
+  void finish(Transfer& transfer, Transfer::State state, const std::string& error);
+  void fail_all(const std::string& error);
+  [[noreturn]] void rethrow(const Transfer& transfer) const;
+
+  std::unique_ptr<ProcessGroup> group_;  // own duplicate (Note [One communicator per user])
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_;     // the progress thread sleeps here while idle
+  std::condition_variable finished_; // blocking wait() sleeps here
+  std::deque<TransferPtr> queued_;   // guarded by mutex_; posted by the progress thread in order
+  bool stopping_ = false;            // guarded by mutex_
+  std::string error_;                // guarded by mutex_; an MPI failure ends the channels
+  std::size_t active_count_ = 0;     // guarded by mutex_; size of active_ for in_flight()
+
+  // Progress thread only: active transfers and their requests, index-aligned for MPI_Testsome.
+  std::vector<TransferPtr> active_;
+  std::vector<MPI_Request> requests_;
+  std::thread progress_thread_;      // last member: starts after everything above exists
+};
+
+}  // namespace tnt
