@@ -122,6 +122,7 @@ def main(argv=None) -> int:
         "steps": args.steps, "step_times_s": step_times, "threads_per_rank": threads,
         "data": args.data, "parameters": int(keras_model.count_params()),
         "final_loss": float(history.history["loss"][-1]),
+        "load_average_1m": round(os.getloadavg()[0], 2),  # others' work on the machine skews times
         "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
                      "keras": keras.__version__, "tarantella": tnt.__version__,
                      "numpy": np.__version__, "mpi": _mpi_version()},

@@ -87,5 +87,6 @@ def measured_row(result: dict, oversubscribed: bool) -> dict:
         "step_time_std_s": statistics.pstdev(times), "step_times_s": times,
         "threads_per_rank": result["threads_per_rank"], "parameters": result["parameters"],
         "final_loss": result["final_loss"], "command": result["command"],
+        **({"load_average_1m": result["load_average_1m"]} if "load_average_1m" in result else {}),
         **{key: versions.get(key) for key in ("python", "tensorflow", "keras", "tarantella", "numpy", "mpi")},
     }

@@ -45,7 +45,8 @@ def _epoch_examples(options: SweepOptions, entry) -> int:
 
 
 def _complete(row: dict, options: SweepOptions, entry, epoch_examples: int, common: dict) -> dict:
-    row.update(common)
+    for key, value in common.items():
+        row.setdefault(key, value)
     row.setdefault("data", options.data)
     row.setdefault("warmup_steps", 0 if row["simulated"] else options.warmup_steps)
     row.setdefault("steps", 0 if row["simulated"] else options.steps)

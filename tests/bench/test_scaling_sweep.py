@@ -1,0 +1,79 @@
+"""A real 1..2 sweep of the tiny ResNet through the launcher: the files and their columns.
+
+No timing is asserted; the figures are checked for being there and consistent.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from bench.records import RUN_COLUMNS
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _framework():
+    try:
+        import tarantella
+        return "tnt" if hasattr(tarantella, "Model") else "keras"
+    except ImportError:
+        return "keras"
+
+
+def _tnt_bench(*argv, timeout):
+    return subprocess.run([sys.executable, "-m", "bench", *argv], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(200)
+def test_sweep_1_to_2_writes_documented_files(tmp_path):
+    out = tmp_path / "sweep"
+    done = _tnt_bench("scaling", "--model", "resnet_tiny", "--devices", "1..2", "--framework", _framework(),
+                      "--steps", "3", "--warmup-steps", "1", "--cluster", "this_machine", "--out", str(out),
+                      timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[2/2]" in done.stderr                                    # the progress display
+    runs = pd.read_csv(out / "runs.csv")
+    assert list(runs.columns[:len(RUN_COLUMNS)]) == RUN_COLUMNS
+    measured = runs[~runs["simulated"]]
+    simulated = runs[runs["simulated"]]
+    assert list(measured["devices"]) == [1, 2] and list(simulated["devices"]) == [1, 2]
+    assert (simulated["cluster"] == "this-machine").all()
+    for column in ("step_time_median_s", "throughput", "epoch_time_s", "speedup", "efficiency"):
+        assert (runs[column] > 0).all(), column
+    assert measured.loc[measured["devices"] == 1, "speedup"].item() == pytest.approx(1.0)
+    assert simulated.loc[simulated["devices"] == 1, "speedup"].item() == pytest.approx(1.0)
+    assert (measured["global_batch"] == measured["micro_batch"] * measured["devices"]).all()
+    assert all(len(json.loads(times)) == 3 for times in measured["step_times_s"])
+    assert (runs["throughput_unit"] == "images/s").all()
+    for column in ("hostname", "cpu_model", "git_commit", "tensorflow", "keras", "mpi", "python"):
+        assert runs[column].notna().all(), column
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["model"]["name"] == "resnet_tiny"
+    assert [p["devices"] for p in summary["points"] if not p["simulated"]] == [1, 2]
+    assert summary["machine"]["physical_cores"] >= 1 and "git_commit" in summary["source"]
+    assert [v["devices"] for v in summary["validation"]] == [1, 2]
+    assert (out / "validation.csv").exists()
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile["step_s"] > 0 and len(profile["gradients"]) > 0
+    for name in ("epoch_time.png", "epoch_time.svg", "speedup.png", "speedup.svg"):
+        assert (out / name).stat().st_size > 0
+
+
+@pytest.mark.timeout(120)
+def test_tiny_transformer_runs_on_one_device_and_counts_tokens(tmp_path):
+    out = tmp_path / "t"
+    done = _tnt_bench("scaling", "--model", "transformer_tiny", "--devices", "1", "--framework", "keras",
+                      "--steps", "2", "--warmup-steps", "1", "--out", str(out), "--no-plots", "--quiet",
+                      timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = pd.read_csv(out / "runs.csv")
+    row = runs.iloc[0]
+    assert row["throughput_unit"] == "tokens/s" and row["speedup"] == pytest.approx(1.0)
+    assert row["throughput"] == pytest.approx(row["global_batch"] * 16 / row["step_time_median_s"])
+    assert not row["simulated"]

@@ -1,0 +1,83 @@
+"""Buckets, overlap, profiles, and a simulated sweep end to end (no TensorFlow run)."""
+import json
+import os
+
+import pandas as pd
+import pytest
+
+from bench.records import read_summary
+from bench.simulate.cluster_profile import PROFILES_DIR, load_cluster_profile
+from bench.simulate.step_model import lay_out_buckets, predict_step
+
+from bench_helpers import fake_profile
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_buckets_close_at_the_threshold_like_the_engine():
+    gradients = [{"bytes": b, "ready_fraction": i / 10} for i, b in enumerate([10, 10, 30, 5, 50, 1])]
+    buckets = lay_out_buckets(gradients, threshold_bytes=32)
+    assert [b.nbytes for b in buckets] == [50, 55, 1]
+    assert [b.ready_fraction for b in buckets] == [0.2, 0.4, 0.5]
+    assert [b.nbytes for b in lay_out_buckets(gradients, 0)] == [10, 10, 30, 5, 50, 1]
+
+
+@pytest.mark.parametrize("name", ["hpc_da", "supermuc_ng", "this_machine"])
+def test_shipped_profiles_load(name):
+    cluster = load_cluster_profile(name)
+    assert cluster.devices_per_node >= 1 and cluster.max_devices >= 4
+    assert cluster.intra.bandwidth_Bps > 0 and cluster.inter.latency_s > 0
+    assert cluster.source
+
+
+def test_overlap_hides_communication():
+    cluster = load_cluster_profile("supermuc_ng")
+    profile = fake_profile()
+    with_overlap = predict_step(profile, cluster, 8, 16)
+    import dataclasses
+    without = predict_step(profile, dataclasses.replace(cluster, overlap=False), 8, 16)
+    assert with_overlap.step_s <= without.step_s
+    assert without.step_s == pytest.approx(without.compute_s + without.communication_s)
+    assert predict_step(profile, cluster, 8, 1).communication_s == 0.0
+    assert predict_step(profile, cluster, 8, 16, exchange_gradients=False).communication_s == 0.0
+
+
+def test_simulated_sweep_writes_marked_rows_and_plots(run_cli, profile_file, tmp_path):
+    out = tmp_path / "sim"
+    code, stdout, err = run_cli("scaling", "--model", "resnet_tiny", "--devices", "1..96", "--simulate",
+                                "--cluster", "hpc_da", "--model-profile", profile_file, "--out", str(out),
+                                "--quiet")
+    assert code == 0, err
+    runs = pd.read_csv(out / "runs.csv")
+    assert list(runs["devices"]) == [1, 2, 4, 8, 16, 32, 64, 96]
+    assert runs["simulated"].all() and (runs["cluster"] == "HPC-DA").all()
+    assert runs.loc[runs["devices"] == 1, "speedup"].item() == pytest.approx(1.0)
+    assert (runs["epoch_time_s"] > 0).all() and (runs["throughput"] > 0).all()
+    assert (runs["speedup"] <= runs["devices"] + 1e-9).all()
+    summary = read_summary(str(out))
+    assert all(point["simulated"] for point in summary["points"])
+    assert summary["cluster"]["name"] == "HPC-DA"
+    for name in ("epoch_time.png", "epoch_time.svg", "speedup.png", "speedup.svg", "profile.json"):
+        assert os.path.getsize(out / name) > 0
+    assert "simulated: HPC-DA" in (out / "speedup.svg").read_text()
+
+
+def test_plot_overlays_directories(run_cli, profile_file, tmp_path):
+    for cluster in ("hpc_da", "supermuc_ng"):
+        code, _, err = run_cli("scaling", "--model", "resnet_tiny", "--devices", "1..8", "--simulate",
+                               "--cluster", cluster, "--model-profile", profile_file,
+                               "--out", str(tmp_path / cluster), "--no-plots", "--quiet")
+        assert code == 0, err
+    code, stdout, err = run_cli("plot", str(tmp_path / "hpc_da"), str(tmp_path / "supermuc_ng"),
+                                "--out", str(tmp_path / "both"))
+    assert code == 0, err
+    svg = (tmp_path / "both" / "epoch_time.svg").read_text()
+    assert "simulated: HPC-DA" in svg and "simulated: SuperMUC-NG" in svg
+
+
+def test_profile_of_another_model_is_refused(run_cli, tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(fake_profile(model="transformer_tiny")))
+    code, _, err = run_cli("scaling", "--model", "resnet_tiny", "--devices", "1..4", "--simulate",
+                           "--cluster", "hpc_da", "--model-profile", str(path), "--out", str(tmp_path / "o"))
+    assert code == 2 and "is of model 'transformer_tiny'" in err
