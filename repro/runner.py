@@ -1,0 +1,94 @@
+"""Runs the user's script inside one rank of a `tnt-repro check` run.
+
+    python repro/runner.py train.py [script args]     (on every rank, via the launcher)
+
+Before the script starts, as the harness's environment asks:
+  TNT_DETERMINISTIC_SEED=S     tarantella.determinism.set_deterministic(S)
+  TNT_REPRO_OPS_ONLY=1         only deterministic ops and thread counts, no seeds
+                               (the "as written" runs: the script's own seeding counts)
+  TNT_REPRO_RECORD=DIR         the recorder joins the first `fit` (tarantella/repro_hook.py)
+  TNT_EXACT_VIRTUAL_BATCHES=V  tnt.Model trains in exact mode (tarantella/exact_train_step.py)
+  TNT_REPRO_CALIBRATE=reverse  tnt.Model reverses every micro-batch before its step
+                               (repro/calibration_step.py)
+The script then runs as `__main__` with sys.argv = [script, args...].
+
+Note [Harness-side wiring]
+Until tnt.Model.fit adds tarantella.repro_hook.extra_callbacks() itself and its
+train step can dispatch to exact mode, this runner wraps keras.Model.fit (to
+append the recorder) and replaces tnt.Model.train_step (exact and calibration
+modes) in the harness's own processes only. Both are idempotent with the
+wired versions: a process makes at most one recorder.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+__all__ = ["main"]
+
+
+def _install_recorder_fallback() -> None:
+    import keras
+
+    from tarantella import repro_hook
+
+    original_fit = keras.Model.fit
+    if getattr(original_fit, "tnt_repro_wrapped", False):
+        return
+
+    def fit(self, *args, callbacks=None, **kwargs):
+        extra = repro_hook.extra_callbacks()
+        if extra:
+            callbacks = list(callbacks.callbacks if isinstance(callbacks, keras.callbacks.CallbackList)
+                             else callbacks or []) + extra
+        return original_fit(self, *args, callbacks=callbacks, **kwargs)
+
+    fit.tnt_repro_wrapped = True
+    keras.Model.fit = fit
+
+
+def _install_train_step(virtual_batches: int | None, calibration: str | None) -> None:
+    if virtual_batches is None and not calibration:
+        return
+    from tarantella import runtime
+    from tarantella.keras.model import Model
+
+    original_step = Model.train_step
+    if virtual_batches is not None:
+        from tarantella import exact_train_step
+        exact_train_step.prepare(virtual_batches, runtime.get_size())
+
+        def step(self, data):
+            return exact_train_step.train_step(self, data, virtual_batches)
+    else:
+        from repro import calibration_step
+        calibration_step.check_supported(calibration)
+
+        def step(self, data):
+            return original_step(self, calibration_step.reverse_batch(data))
+    Model.train_step = step
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        sys.exit("usage: python repro/runner.py script.py [args]")
+    script = os.path.abspath(argv[0])
+    from tarantella import determinism
+    if os.environ.get("TNT_REPRO_OPS_ONLY") == "1":
+        determinism.fix_ops_and_threads(int(os.environ.get("TF_NUM_INTRAOP_THREADS", 1)),
+                                        int(os.environ.get("TF_NUM_INTEROP_THREADS", 2)))
+    else:
+        determinism.apply_from_environment()
+    if os.environ.get("TNT_REPRO_RECORD"):
+        _install_recorder_fallback()
+    from tarantella.exact_train_step import virtual_batches_from_environment
+    _install_train_step(virtual_batches_from_environment(), os.environ.get("TNT_REPRO_CALIBRATE"))
+    sys.argv = [script, *argv[1:]]
+    sys.path[0] = os.path.dirname(script)
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

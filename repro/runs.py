@@ -1,0 +1,134 @@
+"""Starting one run of the user's script (serially or through the launcher) and watching it.
+
+Each run gets its own directory under the check's output: the recorder's files
+(tarantella/repro_hook.py), stdout.log and stderr.log. A run that outlives its
+timeout is killed with its whole process group (launcher, mpirun, ranks), so a
+hanging script fails the check instead of stalling it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Mapping
+
+__all__ = ["RunSpec", "RunResult", "execute", "RUNNER", "DETERMINISM_FAILURE_PATTERNS"]
+
+RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
+_POLL_SECONDS = 0.5
+
+# TensorFlow's refusals under op determinism: a finding of the check, not a crash of the harness.
+DETERMINISM_FAILURE_PATTERNS = (
+    re.compile(r"Random ops require a seed to be set when determinism is enabled"),
+    re.compile(r"does not have a deterministic implementation"),
+    re.compile(r"Determinism is not yet supported"),
+    re.compile(r"[Dd]eterministic .* (is|are) not supported"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    name: str                      # e.g. "serial", "2 devices", "4 devices (repeat)"
+    devices: int
+    role: str                      # reference | calibration | distributed | repeat | as_written
+    env: Mapping[str, str]         # added to the harness's environment
+    use_launcher: bool             # False: plain `python` (1 rank)
+
+
+@dataclasses.dataclass
+class RunResult:
+    spec: RunSpec
+    directory: str
+    returncode: int | None         # None: killed after the timeout
+    seconds: float
+    stderr_tail: list[str]
+
+    @property
+    def succeeded(self) -> bool:
+        return self.returncode == 0
+
+    def failure_line(self) -> str:
+        """The most telling line of the failure (an exception, or the launcher's root cause)."""
+        if self.returncode is None:
+            return "did not finish within the timeout (hang?); killed"
+        for line in reversed(self.stderr_tail):
+            if re.search(r"(Error|Exception|root cause)", line) and not line.startswith(" "):
+                return line.strip()
+        return self.stderr_tail[-1].strip() if self.stderr_tail else f"exit code {self.returncode}"
+
+    def determinism_failure(self) -> str | None:
+        """TensorFlow's refusal of a non-deterministic op, if that is why the run failed."""
+        for line in self.stderr_tail:
+            if any(pattern.search(line) for pattern in DETERMINISM_FAILURE_PATTERNS):
+                return line.strip()
+        return None
+
+
+def command(spec: RunSpec, script: str, script_args: list[str]) -> list[str]:
+    program = [RUNNER, script, *script_args]
+    if not spec.use_launcher:
+        return [sys.executable, *program]
+    exports = [item for key, value in sorted(spec.env.items()) for item in ("-x", f"{key}={value}")]
+    return [sys.executable, "-m", "tarantella.launcher", "-n", str(spec.devices), *exports, "--", *program]
+
+
+def _tail(path: str, lines: int = 60) -> list[str]:
+    try:
+        with open(path, errors="replace") as handle:
+            return handle.read().splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def _progress_step(directory: str) -> int | None:
+    try:
+        with open(os.path.join(directory, "progress")) as handle:
+            return int(handle.read().strip() or 0)
+    except (OSError, ValueError):
+        return None
+
+
+def execute(spec: RunSpec, script: str, script_args: list[str], directory: str, timeout: float,
+            on_progress: Callable[[int | None, float], None] = lambda step, seconds: None) -> RunResult:
+    os.makedirs(directory, exist_ok=True)
+    env = dict(os.environ)
+    env.update(spec.env)
+    env["TNT_REPRO_RECORD"] = directory
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    stdout_path, stderr_path = os.path.join(directory, "stdout.log"), os.path.join(directory, "stderr.log")
+    argv = command(spec, script, script_args)
+    with open(os.path.join(directory, "command.txt"), "w") as handle:
+        handle.write(" ".join(argv) + "\n")
+    start = time.monotonic()
+    with open(stdout_path, "w") as stdout, open(stderr_path, "w") as stderr:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,
+                                   start_new_session=True, cwd=os.path.dirname(os.path.abspath(script)))
+        returncode = None
+        while True:
+            try:
+                returncode = process.wait(timeout=_POLL_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                elapsed = time.monotonic() - start
+                on_progress(_progress_step(directory), elapsed)
+                if elapsed > timeout:
+                    _kill_group(process)
+                    break
+    return RunResult(spec, directory, returncode, time.monotonic() - start, _tail(stderr_path))
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue

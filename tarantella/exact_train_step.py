@@ -1,0 +1,80 @@
+"""The TensorFlow train step of exact mode (Note [Exact mode] in tarantella/exact_reduction.py).
+
+A drop-in for tarantella.keras.tf_steps.train_step: this rank's micro-batch is
+cut into its V/P virtual micro-batches, each gets its own forward and backward
+pass, their gradients are added in the fixed pairwise tree, and the model's
+allreduce (which must be recursive doubling) adds the ranks' subtrees.
+
+Enable it with TNT_EXACT_VIRTUAL_BATCHES=V (V a power of two >= the largest rank
+count to be compared) and TNT_ALLREDUCE_ALGORITHM=recursive_doubling; `tnt-repro
+check --mode exact` sets both.
+"""
+from __future__ import annotations
+
+import os
+
+import keras
+import tensorflow as tf
+
+from tarantella import exact_reduction, runtime
+from tarantella.keras import tf_steps
+
+__all__ = ["VIRTUAL_BATCHES_VARIABLE", "virtual_batches_from_environment", "prepare", "train_step"]
+
+VIRTUAL_BATCHES_VARIABLE = "TNT_EXACT_VIRTUAL_BATCHES"
+
+
+def virtual_batches_from_environment() -> int | None:
+    """V from TNT_EXACT_VIRTUAL_BATCHES; None (exact mode off) when unset or empty."""
+    raw = os.environ.get(VIRTUAL_BATCHES_VARIABLE, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"tarantella exact mode: {VIRTUAL_BATCHES_VARIABLE}={raw!r} is not a whole number; "
+                         f"set it to a power of two such as 4") from None
+
+
+def prepare(virtual_batches: int, size: int) -> None:
+    """Check the set-up once, before tracing; user errors name the setting to change."""
+    exact_reduction.check_decomposition(virtual_batches, size)
+    algorithm = runtime.settings().allreduce_algorithm
+    if size > 1 and algorithm != "recursive_doubling":
+        raise ValueError(f"tarantella exact mode needs TNT_ALLREDUCE_ALGORITHM=recursive_doubling (the only "
+                         f"allreduce that adds the ranks' sums in a fixed binary tree), got {algorithm!r}; "
+                         f"run with `tarantella --allreduce-algorithm recursive_doubling`")
+    # Grappler's arithmetic optimizer may merge a tree of Adds into one AddN,
+    # whose order is its own; the tree must stay as built.
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+
+
+def train_step(model, data, virtual_batches: int):
+    """One step of `model` (a tnt.Model) in exact mode; returns the metric results like Keras."""
+    batch, global_size, _ = tf_steps.unpack(data, model.world_size)
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+    per_rank = virtual_batches // model.world_size
+    local_size = tf.shape(tf.nest.flatten(x)[0])[0]
+    tf.debugging.assert_equal(
+        tf.math.floormod(global_size, virtual_batches), tf.constant(0, global_size.dtype),
+        message=f"tarantella exact mode: every global batch must hold a multiple of {virtual_batches} samples "
+                f"(the virtual micro-batches); choose such a batch size and dataset length, or drop the remainder")
+    piece = local_size // per_rank
+    variables = model.trainable_variables
+    per_batch_gradients, results = [], None
+    for index in range(per_rank):
+        def part(tensor, index=index):
+            return None if tensor is None else tensor[index * piece:(index + 1) * piece]
+        x_i, y_i, w_i = (tf.nest.map_structure(part, value) if value is not None else None
+                         for value in (x, y, sample_weight))
+        with tf.GradientTape() as tape:
+            y_pred = model(x_i, training=True)
+            loss = model.compute_loss(x=x_i, y=y_i, y_pred=y_pred, sample_weight=w_i, training=True)
+            share = tf.cast(piece, loss.dtype) / tf.cast(global_size, loss.dtype)
+            scaled = model.optimizer.scale_loss(loss * share)
+        per_batch_gradients.append(tf_steps.dense_gradients(tape.gradient(scaled, variables), variables))
+        model.loss_tracker.update_state(loss, sample_weight=piece)
+        results = model.compute_metrics(x_i, y_i, y_pred, sample_weight=w_i)
+    local_sum = exact_reduction.tree_sum_lists(per_batch_gradients)
+    model.optimizer.apply(model.reduce_gradients(local_sum, variables), variables)
+    return results
