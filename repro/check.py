@@ -109,7 +109,7 @@ def run_check(options: CheckOptions) -> CheckOutcome:
                 raise CheckError(f"{os.path.basename(options.script)} failed on {spec.devices} device"
                                  f"{'s' if spec.devices > 1 else ''} ({spec.name}): {result.failure_line()} "
                                  f"[exit code {result.returncode}; output in {result.directory}]")
-            found.append(verdicts.failed_run(spec.name, spec.devices, refusal))
+            found.append(verdicts.failed_run(spec.name, spec.devices, spec.role, refusal))
             continue
         display.finish("done", result.seconds)
         try:

@@ -146,7 +146,12 @@ def as_written(first: Record, second: Record) -> dict:
             "devices": 1}
 
 
-def failed_run(label: str, devices: int, message: str) -> dict:
+def failed_run(label: str, devices: int, role: str, message: str) -> dict:
     """A run stopped by TensorFlow's op determinism: the finding is the op itself."""
+    if role == "as_written":
+        return {"check": f"as written ({label})", "devices": devices, "verdict": "SEED_DEPENDENT",
+                "first_divergence": None,
+                "cause": f"run as written, a random op has no seed at all (TensorFlow refuses it under op "
+                         f"determinism): {message}; seed it or set a global seed with set_deterministic(seed)"}
     return {"check": label, "devices": devices, "verdict": "NONDETERMINISTIC", "first_divergence": None,
             "cause": f"TensorFlow refused a non-deterministic op under op determinism: {message}"}
