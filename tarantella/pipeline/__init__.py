@@ -1,0 +1,59 @@
+"""Pipeline parallelism: a functional Keras model cut into stages on different
+ranks, trained with synchronous semantics (the same update as the unpartitioned
+model), optionally with data-parallel replicas of every stage.
+
+    import tarantella as tnt
+    from tarantella.keras.layers import SplitLayer
+    x = SplitLayer()(x)                                   # a cut point in the functional model
+    model = tnt.pipeline.make_pipelined_model(model, num_micro_batches=4, schedule="1f1b")
+
+Files: partition.py (stages, crossing tensors), cut.py and balance.py (where
+to cut), topology.py (rank -> replica, stage), schedules.py (GPipe, 1F1B),
+stage_runner.py (one step on one rank), pipelined_model.py (the keras.Model),
+channels.py (the engine's point-to-point channels).
+"""
+from __future__ import annotations
+
+__all__ = ["make_pipelined_model", "PipelinedModel", "SplitLayer", "load_model"]
+
+
+def make_pipelined_model(model, *, num_micro_batches: int, schedule: str = "1f1b",
+                         num_pipeline_stages: int | None = None, data_parallel: bool = False, **kwargs):
+    """The pipelined form of functional `model` on all ranks (a collective).
+
+    num_micro_batches: micro-batches per replica and global batch.
+    schedule: "1f1b" (less activation memory) or "gpipe"; both give the same update.
+    num_pipeline_stages: with SplitLayers, must match them or be None; without, the
+        model is cut automatically into that many balanced stages (default: the rank
+        count, without data parallelism).
+    data_parallel: replicate the pipeline over ranks // stages replicas (ParallelStrategy.ALL).
+    balance_by (keyword): "time" (measured per layer, default) or "parameters".
+    """
+    from tarantella.pipeline.pipelined_model import PipelinedModel
+    return PipelinedModel(model, num_micro_batches=num_micro_batches, schedule=schedule,
+                          num_pipeline_stages=num_pipeline_stages, data_parallel=data_parallel, **kwargs)
+
+
+def load_model(filepath, *, num_micro_batches: int, schedule: str = "1f1b", num_pipeline_stages: int | None = None,
+               data_parallel: bool = False, custom_objects=None, compile: bool = True, **kwargs):
+    """Every rank loads the `.keras` file written by PipelinedModel.save (or any Keras) and pipelines it."""
+    import keras
+    whole = keras.saving.load_model(filepath, custom_objects=custom_objects, compile=compile)
+    model = make_pipelined_model(whole, num_micro_batches=num_micro_batches, schedule=schedule,
+                                 num_pipeline_stages=num_pipeline_stages, data_parallel=data_parallel, **kwargs)
+    if compile and whole.compiled:
+        config = whole.get_compile_config() or {}
+        metrics = config.get("metrics")
+        model.compile(optimizer=whole.optimizer, loss=whole.loss,
+                      metrics=keras.saving.deserialize_keras_object(metrics) if metrics else None)
+    return model
+
+
+def __getattr__(name):
+    if name == "PipelinedModel":
+        from tarantella.pipeline.pipelined_model import PipelinedModel
+        return PipelinedModel
+    if name == "SplitLayer":
+        from tarantella.keras.layers import SplitLayer
+        return SplitLayer
+    raise AttributeError(f"module 'tarantella.pipeline' has no attribute {name!r}")

@@ -1,0 +1,322 @@
+"""A Keras model trained pipeline-parallel (and, optionally, data-parallel).
+
+    model = make_pipelined_model(keras_model, num_micro_batches=4, schedule="1f1b")
+    model.compile(optimizer, loss, metrics); model.fit(x, y, batch_size=GLOBAL_BATCH)
+
+Each rank holds one stage (tarantella/pipeline/partition.py) of one replica
+(topology.py); `fit`/`evaluate`/`predict` give every rank the same results as
+the unpartitioned model on the same global batches (Note [Scaling the
+micro-batch loss] in stage_runner.py). Steps run eagerly: a step is a Python
+schedule of compiled stage passes and channel transfers.
+
+Only public Keras extension points: a keras.Model subclass overriding
+train/test/predict_step, get_metrics_result, fit/evaluate/predict (to build
+global batches) and save.
+"""
+from __future__ import annotations
+
+import logging
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tarantella import collectives, runtime
+from tarantella.keras import callbacks as rank_callbacks
+from tarantella.keras.metric_reduction import metric_variables, results_from_state
+from tarantella.pipeline import channels as peer_channels
+from tarantella.pipeline import data as pipeline_data
+from tarantella.pipeline.cut import choose_stages
+from tarantella.pipeline.partition import graph_of, partition
+from tarantella.pipeline.schedules import FORWARD, Pass, schedule as make_schedule
+from tarantella.pipeline.stage_runner import StageRunner
+from tarantella.pipeline.topology import place
+
+__all__ = ["PipelinedModel"]
+
+logger = logging.getLogger("tarantella")
+
+
+class _Untracked:
+    """Holds the user's whole model without Keras tracking it as a sub-layer of the stage."""
+
+    def __init__(self, model):
+        self.model = model
+
+
+class PipelinedModel(keras.Model):
+    def __init__(self, model: keras.Model, *, num_micro_batches: int, schedule: str = "1f1b",
+                 num_pipeline_stages: int | None = None, data_parallel: bool = False, balance_by: str = "time",
+                 name: str | None = None):
+        runtime.init()
+        graph = graph_of(model)
+        if model.losses:
+            raise NotImplementedError("tarantella: the model has regularization or add_loss() losses; pipelined "
+                                      "models do not support them yet (train without pipelining, or move the "
+                                      "penalty into the compiled loss)")
+        size, rank = runtime.get_size(), runtime.get_rank()
+        stage_of_op, num_stages = choose_stages(model, graph, num_pipeline_stages, size, data_parallel, balance_by)
+        placement = place(rank, size, num_stages, data_parallel)
+        self.partition = partition(model, graph, stage_of_op, num_stages, build_stage=placement.stage)
+        make_schedule(schedule, num_micro_batches, num_stages, 0)  # validates the name and count
+        super().__init__(name=name or model.name)
+        self.placement = placement
+        self.num_micro_batches = int(num_micro_batches)
+        self.schedule_name = schedule
+        self.stage_model = self.partition.stages[placement.stage].model
+        self.output_names = list(model.output_names)
+        self._user = _Untracked(model)
+        self._broadcast_initial_weights()
+        self._stage_group = collectives.Group.world().split(placement.stage) if size > 1 else None
+        self._channels = peer_channels.open_channels() if num_stages > 1 else None
+        self.runner = StageRunner(self.partition, placement, self._channels)
+        self._global_logs = None
+        self.built = True
+        if runtime.is_master_rank():
+            logger.info("tarantella: pipeline of %d stages x %d replicas, %d micro-batches, %s schedule\n%s",
+                        num_stages, placement.num_replicas, self.num_micro_batches, schedule,
+                        self.partition.describe())
+
+    # --- the whole model -------------------------------------------------------------
+
+    @property
+    def whole_model(self) -> keras.Model:
+        """The user's unpartitioned model; its weights outside this stage are current only after sync_weights()."""
+        return self._user.model
+
+    def _broadcast_initial_weights(self) -> None:
+        """Collective: every rank starts from the master's weights (all ranks hold the whole model at this point)."""
+        if runtime.get_size() == 1:
+            return
+        model = self._user.model
+        model.set_weights([collectives.broadcast(np.array(w, copy=True), root=runtime.get_master_rank())
+                           for w in model.get_weights()])
+
+    def sync_weights(self) -> list[np.ndarray]:
+        """Collective: bring every stage's current weights into the whole model on every rank; returns them."""
+        model = self._user.model
+        if runtime.get_size() > 1:
+            owner = {id(v): s for s, plan in enumerate(self.partition.stages) for v in self._stage_variables(s)}
+            for variable in model.weights:
+                root = self.placement.rank_of(0, owner.get(id(variable), 0))
+                variable.assign(collectives.broadcast(np.array(variable.numpy(), copy=True), root=root))
+        return model.get_weights()
+
+    def _stage_variables(self, stage: int) -> list:
+        """Variables of `stage`, known on every rank: the weights of the layers the stage runs."""
+        names = set(self.partition.stages[stage].layer_names)
+        return [w for op in self._user.model.operations if op.name in names for w in getattr(op, "weights", [])]
+
+    def get_weights(self):
+        """Collective: the whole model's weights, as the unpartitioned model's get_weights()."""
+        return self.sync_weights()
+
+    def save(self, filepath, overwrite=True, **kwargs):
+        """Collective: the master writes the whole model as one standard `.keras` file."""
+        self.sync_weights()
+        if runtime.is_master_rank():
+            self._user.model.save(filepath, overwrite=overwrite, **kwargs)
+        if runtime.get_size() > 1:
+            collectives.barrier()
+
+    def save_weights(self, filepath, overwrite=True, **kwargs):
+        self.sync_weights()
+        if runtime.is_master_rank():
+            self._user.model.save_weights(filepath, overwrite=overwrite, **kwargs)
+        if runtime.get_size() > 1:
+            collectives.barrier()
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """Every rank reads the whole model's weights (its stage shares the layer objects)."""
+        self._user.model.load_weights(filepath, *args, **kwargs)
+
+    def summary(self, *args, **kwargs):
+        return self._user.model.summary(*args, **kwargs)
+
+    # --- compile -----------------------------------------------------------------------
+
+    def compile(self, optimizer="rmsprop", loss=None, metrics=None, run_eagerly=None, jit_compile=False, **kwargs):
+        """As keras.Model.compile; steps always run eagerly (a step is a schedule of compiled passes)."""
+        if jit_compile not in (False, "auto", None):
+            logger.warning("tarantella: jit_compile ignored for a pipelined model")
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, run_eagerly=True, jit_compile=False,
+                        **kwargs)
+        # The whole model is compiled alike, with its own (unbuilt) optimizer, so its saved file is complete.
+        whole_optimizer = self.optimizer.__class__.from_config(self.optimizer.get_config())
+        self._user.model.compile(optimizer=whole_optimizer, loss=loss, metrics=metrics, **kwargs)
+
+    @property
+    def loss_tracker(self) -> keras.metrics.Metric:
+        for metric in self.metrics:
+            if metric.name == "loss" and isinstance(metric, keras.metrics.Mean):
+                return metric
+        raise RuntimeError("tarantella: the model is not compiled")
+
+    # --- symbolic and direct calls ------------------------------------------------------
+
+    def call(self, inputs, training=None):
+        """Symbolically (Keras building metrics): the whole model's output spec. Eagerly: the
+        pipeline's prediction for one global batch, on every rank (a collective)."""
+        if not tf.executing_eagerly():
+            batch = tf.shape(keras.tree.flatten(inputs)[0])[0]
+            outputs = [tf.zeros(tf.concat([[batch], t.shape[1:]], 0), t.dtype)
+                       for t in keras.tree.flatten(self._user.model.output)]
+            return keras.tree.pack_sequence_as(self._user.model.output, outputs)
+        return self.predict_step((inputs,))
+
+    # --- steps ---------------------------------------------------------------------------
+
+    def _flat_inputs(self, x) -> list:
+        specs = keras.tree.flatten(self._user.model.input)
+        if isinstance(x, dict) and not isinstance(self._user.model.input, dict):
+            return [x[t.name] for t in specs]
+        flat = keras.tree.flatten(x)
+        if len(flat) != len(specs):
+            raise ValueError(f"tarantella: the model has {len(specs)} input(s) but the data has {len(flat)}")
+        return flat
+
+    def _micro_batches(self, x):
+        """This replica's part of the global batch: (global size, offset of the part, micro-batch bounds)."""
+        global_size = int(tf.shape(keras.tree.flatten(x)[0])[0])
+        first, count = pipeline_data.replica_part(global_size, self.placement.num_replicas, self.placement.replica)
+        bounds = [(first + a, first + b) for a, b in pipeline_data.micro_batch_bounds(count, self.num_micro_batches)]
+        return global_size, bounds
+
+    def _run(self, data, training: bool):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        global_size, bounds = self._micro_batches(x)
+        sizes = [b - a for a, b in bounds]
+        flat_x = self._flat_inputs(x) if self.placement.is_first_stage else None
+        cut = lambda tree, m: None if tree is None else keras.tree.map_structure(  # noqa: E731
+            lambda t: t[bounds[m][0]:bounds[m][1]], tree)
+
+        def inputs_of(m):
+            return [tf.convert_to_tensor(t[bounds[m][0]:bounds[m][1]]) for t in flat_x]
+
+        def last_stage_loss(m, flat_pred):
+            if y is None:
+                return None
+            y_pred = keras.tree.pack_sequence_as(self._user.model.output, flat_pred)
+            y_m, sw_m = cut(y, m), cut(sample_weight, m)
+            loss = self.compute_loss(x=None, y=y_m, y_pred=y_pred, sample_weight=sw_m, training=training)
+            self.loss_tracker.update_state(loss, sample_weight=sizes[m])
+            self.compute_metrics(None, y_m, y_pred, sample_weight=sw_m)
+            if not training:
+                return None
+            share = tf.cast(sizes[m], loss.dtype) / tf.cast(global_size, loss.dtype)  # Note [Scaling the micro-batch loss]
+            return self.optimizer.scale_loss(loss * share)
+
+        stage, stages = self.placement.stage, self.placement.num_stages
+        passes = (make_schedule(self.schedule_name, self.num_micro_batches, stages, stage) if training
+                  else [Pass(FORWARD, m) for m in range(self.num_micro_batches)])
+        return self.runner.run(passes, sizes, inputs_of, last_stage_loss, training=training)
+
+    def train_step(self, data):
+        _, gradients = self._run(data, training=True)
+        variables = self.stage_model.trainable_variables
+        gradients = self._sum_over_replicas(gradients, variables)
+        self.optimizer.apply(gradients, variables)
+        return self._publish_logs()
+
+    def test_step(self, data):
+        self._run(data, training=False)
+        return self._publish_logs()
+
+    def predict_step(self, data):
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        predictions, _ = self._run((x,), training=False)
+        mine = None
+        if self.placement.is_last_stage and predictions:
+            mine = [np.concatenate([predictions[m][i].numpy() for m in sorted(predictions)])
+                    for i in range(len(next(iter(predictions.values()))))]
+        parts = collectives.allgather_object(mine) if runtime.get_size() > 1 else [mine]
+        last = [parts[self.placement.rank_of(r, self.placement.num_stages - 1)]
+                for r in range(self.placement.num_replicas)]
+        flat = [np.concatenate([part[i] for part in last if part is not None])
+                for i in range(len(keras.tree.flatten(self._user.model.output)))]
+        return keras.tree.pack_sequence_as(self._user.model.output, flat)
+
+    def _sum_over_replicas(self, gradients, variables):
+        gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
+        if self.placement.num_replicas == 1 or not gradients:
+            return gradients
+        # One allreduce per dtype over a flat buffer, in variable order: identical on every replica.
+        result = list(gradients)
+        by_dtype: dict = {}
+        for i, g in enumerate(gradients):
+            by_dtype.setdefault(g.dtype, []).append(i)
+        for indices in by_dtype.values():
+            flat = np.concatenate([gradients[i].numpy().ravel() for i in indices])
+            summed = collectives.allreduce(flat, group=self._stage_group)
+            offset = 0
+            for i in indices:
+                count = int(np.prod(gradients[i].shape))
+                result[i] = tf.convert_to_tensor(summed[offset:offset + count].reshape(gradients[i].shape))
+                offset += count
+        return result
+
+    # --- logs ------------------------------------------------------------------------------
+
+    def _publish_logs(self) -> dict:
+        """Collective: the metrics of all micro-batches of all replicas, computed on the last stage, on every rank."""
+        logs = None
+        if self.placement.is_last_stage:
+            values = [np.asarray(v.numpy()) for v in metric_variables(self.metrics)]
+            if self.placement.num_replicas > 1:
+                values = [collectives.allreduce(v, group=self._stage_group) if v.size else v for v in values]
+            results = results_from_state(self.metrics, [tf.convert_to_tensor(v) for v in values])
+            logs = {k: float(v) for k, v in results.items()}
+        if runtime.get_size() > 1:
+            root = self.placement.rank_of(0, self.placement.num_stages - 1)
+            logs = collectives.broadcast_object(logs, root=root)
+        self._global_logs = logs
+        return dict(logs)
+
+    def get_metrics_result(self):
+        if self._global_logs is None:
+            return super().get_metrics_result()
+        return dict(self._global_logs)
+
+    def reset_metrics(self):
+        super().reset_metrics()
+        self._global_logs = None
+
+    # --- fit / evaluate / predict ------------------------------------------------------------
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
+            validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
+            steps_per_epoch=None, validation_steps=None, validation_batch_size=None, validation_freq=1):
+        """As keras.Model.fit; `batch_size` is the GLOBAL batch size, cut into num_micro_batches per replica."""
+        if class_weight:
+            raise NotImplementedError("tarantella: class_weight is not supported by pipelined models yet; pass "
+                                      "sample weights")
+        if validation_split and validation_data is None:
+            (x, y, sample_weight), validation_data = pipeline_data.split_for_validation(
+                x, y, sample_weight, validation_split)
+        seed = int(np.random.randint(2**31 - 1))
+        if runtime.get_size() > 1:
+            seed = collectives.broadcast_object(seed, root=runtime.get_master_rank())
+        train = pipeline_data.global_batches(x, y, sample_weight, batch_size=batch_size,
+                                             shuffle=bool(shuffle) and not isinstance(x, tf.data.Dataset), seed=seed)
+        validation = None
+        if validation_data is not None:
+            vx, vy, vsw = (keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
+                           if isinstance(validation_data, (tuple, list)) else (validation_data, None, None))
+            validation = pipeline_data.global_batches(
+                vx, vy, vsw, batch_size=None if isinstance(vx, tf.data.Dataset) else (validation_batch_size or batch_size))
+        return super().fit(train, epochs=epochs, verbose=rank_callbacks.verbosity_for_this_rank(verbose),
+                           callbacks=rank_callbacks.callbacks_for_this_rank(callbacks), validation_data=validation,
+                           shuffle=False, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
+                           validation_steps=validation_steps, validation_freq=validation_freq)
+
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None, steps=None,
+                 callbacks=None, return_dict=False, **kwargs):
+        data = pipeline_data.global_batches(x, y, sample_weight, batch_size=batch_size, what="batch_size")
+        return super().evaluate(data, verbose=rank_callbacks.verbosity_for_this_rank(verbose), steps=steps,
+                                callbacks=rank_callbacks.callbacks_for_this_rank(callbacks), return_dict=return_dict,
+                                **kwargs)
+
+    def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
+        data = pipeline_data.global_batches(x, batch_size=batch_size)
+        return super().predict(data, verbose=rank_callbacks.verbosity_for_this_rank(verbose), steps=steps,
+                               callbacks=rank_callbacks.callbacks_for_this_rank(callbacks))

@@ -1,0 +1,69 @@
+"""Pipeline schedules: per stage, the order of forward and backward passes
+over the micro-batches of one global batch.
+
+Both are synchronous (one weight version per step, gradients accumulated over
+all micro-batches, one update after the flush), so they give the same update;
+they differ in idle time and memory:
+- GPipe: all forwards, then all backwards. Every stage holds the activations
+  of all M micro-batches at the turn.
+- 1F1B (PipeDream-flush): stage s runs S-1-s forwards to fill the pipe, then
+  alternates one forward and one backward, then drains. Stage s holds at most
+  S-s micro-batches' activations; the bubble is the same as GPipe's,
+  (S-1)/(M+S-1) of the step for equal stage times.
+Backwards run in the order of their forwards, so each stage adds micro-batch
+gradients in the same order under both schedules.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["Pass", "FORWARD", "BACKWARD", "gpipe", "one_f_one_b", "schedule", "SCHEDULES", "ideal_bubble_fraction",
+           "max_live_micro_batches"]
+
+FORWARD = "forward"
+BACKWARD = "backward"
+
+
+class Pass(NamedTuple):
+    kind: str          # FORWARD or BACKWARD
+    micro_batch: int
+
+
+def gpipe(num_micro_batches: int, num_stages: int, stage: int) -> list[Pass]:
+    return ([Pass(FORWARD, m) for m in range(num_micro_batches)]
+            + [Pass(BACKWARD, m) for m in range(num_micro_batches)])
+
+
+def one_f_one_b(num_micro_batches: int, num_stages: int, stage: int) -> list[Pass]:
+    warm_up = min(num_stages - 1 - stage, num_micro_batches)
+    passes = [Pass(FORWARD, m) for m in range(warm_up)]
+    forward, backward = warm_up, 0
+    while forward < num_micro_batches:
+        passes += [Pass(FORWARD, forward), Pass(BACKWARD, backward)]
+        forward, backward = forward + 1, backward + 1
+    passes += [Pass(BACKWARD, m) for m in range(backward, num_micro_batches)]
+    return passes
+
+
+SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+
+
+def schedule(name: str, num_micro_batches: int, num_stages: int, stage: int) -> list[Pass]:
+    if name not in SCHEDULES:
+        raise ValueError(f"tarantella: unknown pipeline schedule {name!r}; choose one of {sorted(SCHEDULES)}")
+    if num_micro_batches < 1:
+        raise ValueError(f"tarantella: num_micro_batches must be at least 1, got {num_micro_batches}")
+    return SCHEDULES[name](num_micro_batches, num_stages, stage)
+
+
+def ideal_bubble_fraction(num_micro_batches: int, num_stages: int) -> float:
+    return (num_stages - 1) / (num_micro_batches + num_stages - 1)
+
+
+def max_live_micro_batches(passes: list[Pass]) -> int:
+    """Most micro-batches whose forward is done and backward is not, at any point."""
+    live = peak = 0
+    for kind, _ in passes:
+        live += 1 if kind == FORWARD else -1
+        peak = max(peak, live)
+    return peak
