@@ -13,6 +13,12 @@ from tarantella.errors import MismatchError, CollectiveTimeoutError, EngineError
 
 __version__ = "0.1.0"
 
+import sys as _sys
+
+if "tensorflow" not in _sys.modules:  # else tarantella.keras does it through tf.config
+    from tarantella import devices as _devices
+    _devices.configure_environment()
+
 # The Keras face imports TensorFlow (seconds, and unwanted by the launcher and
 # numpy-only users), so its names are resolved on first access.
 _LAZY = {

@@ -12,6 +12,7 @@ values, tarantella/keras/metric_reduction.py).
 from __future__ import annotations
 
 import logging
+import os
 
 import keras
 import numpy as np
@@ -20,7 +21,7 @@ import tensorflow as tf
 from tarantella import collectives, runtime
 from tarantella.data import distributed_dataset, user_input
 from tarantella.keras import callbacks as rank_callbacks
-from tarantella.keras import metric_reduction, tf_steps
+from tarantella.keras import metric_reduction, overlap, tf_steps
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras.parallel_strategy import ParallelStrategy
 
@@ -50,6 +51,7 @@ class Model(keras.Model):
         self.overlap_communication = overlap_communication
         self.world_size = runtime.get_size()
         self._allreducers: list[GraphAllreducer] = []
+        self._gradient_allreducer: GraphAllreducer | None = None
         self._validation_dataset = None
         self._weights_synchronized = False
         if model.built:
@@ -99,13 +101,23 @@ class Model(keras.Model):
         return self._model.to_json(**kwargs)
 
     def save(self, filepath, overwrite=True, **kwargs):
-        """The master rank writes the wrapped model as a plain `.keras` file (other ranks do nothing;
-        not a collective). Load it with keras.saving.load_model or tnt.models.load_model."""
-        if runtime.is_master_rank():
+        """The master rank writes the wrapped model as a plain `.keras` file; other ranks do nothing
+        (every rank writes with --output-on-all-devices, like the output callbacks). Not a collective.
+        Load it with keras.saving.load_model or tnt.models.load_model."""
+        if not rank_callbacks.output_on_this_rank():
+            return
+        path = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
+        if path is None or not path.endswith(".keras") or not overwrite:
             self._model.save(filepath, overwrite=overwrite, **kwargs)
+            return
+        # Written aside, then renamed: ranks writing one path together, and readers, never see half a file.
+        directory, name = os.path.split(os.path.abspath(path))
+        scratch = os.path.join(directory, f".{name}.rank{runtime.get_rank()}.tmp.keras")
+        self._model.save(scratch, overwrite=True, **kwargs)
+        os.replace(scratch, path)
 
     def save_weights(self, filepath, overwrite=True, **kwargs):
-        if runtime.is_master_rank():
+        if rank_callbacks.output_on_this_rank():
             self._model.save_weights(filepath, overwrite=overwrite, **kwargs)
 
     def load_weights(self, filepath, *args, **kwargs):
@@ -149,8 +161,18 @@ class Model(keras.Model):
         if self.world_size == 1:
             return gradients
         in_backprop_order = tf_steps.dense_gradients(gradients, variables)[::-1]
-        summed = self._allreducer_for(in_backprop_order)(in_backprop_order, overlap=self.overlap_communication)
+        self._gradient_allreducer = self._allreducer_for(in_backprop_order)
+        summed = self._gradient_allreducer(in_backprop_order, overlap=self.overlap_communication)
         return summed[::-1]
+
+    def communication_profile(self) -> dict | None:
+        """How the last train step's gradient allreduce overlapped backprop (see tarantella.keras.overlap);
+        None before the first step or on one rank."""
+        if self._gradient_allreducer is None:
+            return None
+        profile = overlap.communication_profile(self._gradient_allreducer.last_step_times())
+        profile["bucket_bytes"] = self._gradient_allreducer.bucket_bytes()
+        return profile
 
     def get_metrics_result(self):
         """The metric values of all ranks together; a collective when called outside a step."""
@@ -172,6 +194,7 @@ class Model(keras.Model):
         for allreducer in self._allreducers:
             allreducer.close()
         self._allreducers = []
+        self._gradient_allreducer = None
 
     # --- fit / evaluate / predict -----------------------------------------------
 

@@ -59,25 +59,36 @@ def test_fit_evaluate_predict_match_serial_keras(n):
         assert all(v["raised"] and "GLOBAL" in v["message"] for v in found["small_batch"].values())
 
 
+def results_from_files(directory, n):
+    by_check = {}
+    for rank in range(n):
+        with open(os.path.join(directory, f"results-{rank}.json")) as handle:
+            for line in handle:
+                values = json.loads(line)
+                by_check.setdefault(values["check"], {})[rank] = values
+    return by_check
+
+
 @pytest.mark.multirank
 @pytest.mark.timeout(TIMEOUT + 30)
-@pytest.mark.parametrize("n", [1, 3])
-def test_callbacks_and_saving(n, tmp_path):
-    run = run_ranks(n, os.path.join(PROGRAMS, "callbacks_and_saving.py"), args=[str(tmp_path)],
-                    timeout=TIMEOUT, env=ENV).check()
-    found = results(run, n)
+@pytest.mark.parametrize("n,output_on_all_devices", [(3, False), (2, True)])
+def test_callbacks_and_saving(n, output_on_all_devices, tmp_path):
+    run_ranks(n, os.path.join(PROGRAMS, "callbacks_and_saving.py"), args=[str(tmp_path)], timeout=TIMEOUT,
+              env=ENV, all_output=output_on_all_devices).check()
+    found = results_from_files(tmp_path, n)
     callbacks = found["callbacks"]
     # EarlyStopping & co decide identically everywhere: same epochs, same logs, same learning rate.
     assert len({(v["epochs"], json.dumps(v["recorded"]), v["learning_rate"]) for v in callbacks.values()}) == 1
     assert callbacks[0]["epochs"] < 30
     assert all(v["batches"] == callbacks[0]["epochs"] * 8 for v in callbacks.values())  # ceil(90 / 12) steps
-    # Output callbacks ran on the master only.
+    # Output callbacks (files, progress bar) on the master only, unless --output-on-all-devices.
     files = set(os.listdir(tmp_path))
-    assert {"log-from-rank-0.csv", "checkpoint-from-rank-0.keras", "model.keras"} <= files
-    assert not any(f"rank-{r}" in name for name in files for r in range(1, n))
-    # The progress bar too: only rank 0 printed one.
-    assert all("val_loss" not in run.rank_stdout.get(r, "") for r in range(1, n))
-    assert "val_loss" in run.rank_stdout[0]
+    writers = range(n) if output_on_all_devices else [0]
+    for rank in range(n):
+        wrote = {f"log-from-rank-{rank}.csv", f"checkpoint-from-rank-{rank}.keras"} <= files
+        assert wrote == (rank in writers), f"rank {rank}: {sorted(files)}"
+        assert (callbacks[rank]["verbose"] != 0) == (rank in writers)
+    assert "model.keras" in files
     for values in found["plain_keras_load"].values():
         assert not values["is_tnt"] and values["same_weights"] and values["same_predictions"]
     for values in found["tnt_load"].values():

@@ -1,5 +1,6 @@
-"""Run on N ranks: callbacks per rank, identical decisions, save/load. Prints `RESULT <json>` lines.
-argv[1]: a directory shared by all ranks."""
+"""Run on N ranks: callbacks per rank, identical decisions, save/load.
+argv[1]: a directory shared by all ranks; each rank writes its results to results-<rank>.json there
+(run without --output-on-all-devices, only the master's stdout is shown)."""
 import json
 import os
 import sys
@@ -16,7 +17,8 @@ OUT = sys.argv[1]
 
 
 def report(check, **values):
-    print("RESULT " + json.dumps({"check": check, "rank": RANK, "size": SIZE, **values}), flush=True)
+    with open(os.path.join(OUT, f"results-{RANK}.json"), "a") as handle:
+        handle.write(json.dumps({"check": check, "rank": RANK, "size": SIZE, **values}) + "\n")
 
 
 def make():
@@ -29,7 +31,10 @@ class Recorder(keras.callbacks.Callback):
     """A user callback: must run unchanged on every rank and see global logs."""
     def __init__(self):
         super().__init__()
-        self.epochs, self.batches = [], 0
+        self.epochs, self.batches, self.verbose = [], 0, None
+
+    def on_train_begin(self, logs=None):
+        self.verbose = self.params.get("verbose")
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches += 1
@@ -56,8 +61,9 @@ history = model.fit(
                keras.callbacks.CSVLogger(os.path.join(OUT, f"log-from-rank-{RANK}.csv")),
                keras.callbacks.ModelCheckpoint(os.path.join(OUT, f"checkpoint-from-rank-{RANK}.keras"))])
 report("callbacks", epochs=len(history.history["loss"]), recorded=recorder.epochs, batches=recorder.batches,
-       learning_rate=float(model.optimizer.learning_rate.numpy()),
-       files=sorted(os.listdir(OUT)))
+       verbose=recorder.verbose,
+       learning_rate=float(model.optimizer.learning_rate.numpy()))
+tnt.barrier()
 
 path = os.path.join(OUT, "model.keras")
 model.save(path)
