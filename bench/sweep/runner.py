@@ -60,6 +60,9 @@ def run_point(options: SweepOptions, devices: int, micro_batch: int,
         raise SweepRunError(f"the run on {devices} device(s) took longer than {options.timeout_s:.0f} s "
                             f"and was stopped; raise --timeout or lower --steps. Last output:\n"
                             f"{_tail(stderr)}") from None
+    except BaseException:  # Ctrl-C or SIGTERM of tnt-bench: the ranks must not outlive it
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
     if process.returncode == _FRAMEWORK_MISSING:
         said = [line.split("train_benchmark: ", 1)[1] for line in stderr.splitlines()
                 if "train_benchmark: " in line]

@@ -14,7 +14,7 @@ import shutil
 from bench import records
 from bench.data.datasets import get_dataset_info
 from bench.errors import BenchUsageError
-from bench.machine import describe_machine, describe_source
+from bench.machine import describe_machine, describe_software, describe_source
 from bench.models.registry import get_model_entry
 from bench.simulate.cluster_profile import load_cluster_profile
 from bench.simulate.model_profile import load_profile
@@ -141,7 +141,8 @@ def run_scaling(options: SweepOptions) -> dict:
     sweep = os.path.basename(os.path.normpath(options.out))
     timestamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     common = {"sweep": sweep, "model": entry.name, "framework": options.framework,
-              "scaling": options.scaling, "timestamp": timestamp, **machine, **source}
+              "scaling": options.scaling, "timestamp": timestamp, **machine, **source,
+              **describe_software()}
     rows = [_complete(row, options, entry, epoch_examples, common) for row in rows]
     records.derive_figures(rows)
     records.write_runs(rows, options.out)
