@@ -8,6 +8,15 @@ that wraps the user's model (`call` delegates to it) and overrides
 train/test/predict_step (tarantella/keras/tf_steps.py), fit/evaluate/predict
 (to shard the input, tarantella/data) and get_metrics_result (global metric
 values, tarantella/keras/metric_reduction.py).
+
+Note [What differs from serial training]
+Losses, gradients, updates and logged metrics are those of the global batch
+(Note [Loss of the global batch] in tf_steps.py), so training reproduces serial
+Keras up to float rounding, except for layers that look at the batch itself:
+BatchNormalization normalises each rank's micro-batch with that micro-batch's
+statistics and keeps per-rank moving statistics (the master's are saved), as in
+Horovod and the original Tarantella. Trainable weights stay identical on all ranks.
+Dropout and other random layers draw per rank.
 """
 from __future__ import annotations
 
@@ -18,10 +27,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella import collectives, runtime
+from tarantella import collectives, exact_train_step, repro_hook, runtime
 from tarantella.data import distributed_dataset, user_input
 from tarantella.keras import callbacks as rank_callbacks
-from tarantella.keras import metric_reduction, overlap, tf_steps
+from tarantella.keras import metric_reduction, models, overlap, tf_steps
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras.parallel_strategy import ParallelStrategy
 
@@ -57,6 +66,8 @@ class Model(keras.Model):
         if model.built:
             self.built = True
             self._synchronize_weights()
+        if model.compiled:
+            models.compile_like(self, model)
 
     # --- the wrapped model ---------------------------------------------------
 
@@ -148,6 +159,9 @@ class Model(keras.Model):
     # --- steps ---------------------------------------------------------------
 
     def train_step(self, data):
+        virtual_batches = exact_train_step.virtual_batches_from_environment()
+        if virtual_batches:  # tnt-repro's exact mode (Note [Exact mode] in tarantella/exact_reduction.py)
+            return exact_train_step.train_step(self, data, virtual_batches)
         return tf_steps.train_step(self, data)
 
     def test_step(self, data):
@@ -227,10 +241,15 @@ class Model(keras.Model):
                                           micro_batch_size=tnt_validation_micro_batch_size,
                                           what="validation_batch_size")
         self._prepare(train)
+        virtual_batches = exact_train_step.virtual_batches_from_environment()
+        if virtual_batches:
+            exact_train_step.prepare(virtual_batches, self.world_size)
+        # tnt-repro's recorder (only under `tnt-repro check`) runs on every rank.
+        callbacks = list(rank_callbacks.callbacks_for_this_rank(callbacks) or []) + repro_hook.extra_callbacks()
         self._validation_dataset = validation
         try:
             return super().fit(train, epochs=epochs, verbose=rank_callbacks.verbosity_for_this_rank(verbose),
-                               callbacks=rank_callbacks.callbacks_for_this_rank(callbacks),
+                               callbacks=callbacks,
                                validation_data=validation, shuffle=False, initial_epoch=initial_epoch,
                                steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
                                validation_freq=validation_freq)

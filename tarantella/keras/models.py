@@ -1,23 +1,24 @@
-"""Loading saved models as distributed models."""
+"""Loading saved models as distributed models, and taking over a model's compile settings."""
 from __future__ import annotations
 
 import keras
 
-from tarantella.keras.model import Model
 from tarantella.keras.parallel_strategy import ParallelStrategy
 
-__all__ = ["load_model"]
+__all__ = ["load_model", "compile_like"]
+
+
+def compile_like(distributed, model: keras.Model) -> None:
+    """Compile `distributed` as `model` was compiled, sharing its optimizer (and optimizer state)."""
+    config = keras.saving.deserialize_keras_object(model.get_compile_config() or {})
+    config["optimizer"] = model.optimizer
+    distributed.compile(**config)
 
 
 def load_model(filepath, custom_objects=None, compile=True, parallel_strategy=ParallelStrategy.DATA,
-               **kwargs) -> Model:
+               **kwargs):
     """Every rank loads the `.keras` file (it must be readable by all ranks) and wraps it in a
-    tnt.Model; a compiled model keeps its optimizer and optimizer state."""
+    tnt.Model; a compiled model stays compiled, with its optimizer state."""
+    from tarantella.keras.model import Model
     model = keras.saving.load_model(filepath, custom_objects=custom_objects, compile=compile, **kwargs)
-    distributed = Model(model, parallel_strategy=parallel_strategy)
-    if compile and model.compiled:
-        config = model.get_compile_config() or {}
-        metrics = config.get("metrics")
-        distributed.compile(optimizer=model.optimizer, loss=model.loss,
-                            metrics=keras.saving.deserialize_keras_object(metrics) if metrics else None)
-    return distributed
+    return Model(model, parallel_strategy=parallel_strategy)

@@ -132,6 +132,16 @@ hd = distributed.fit(features, target, sample_weight=weights, batch_size=16, epo
                      validation_data=(features, target), verbose=0)
 compare("dict_inputs", serial, distributed, hs, hd)
 
+# 4b. A model compiled before wrapping keeps its compile settings.
+serial = mlp()
+serial.compile(**compile_args("adam"))
+hs = serial.fit(x, y, batch_size=20, epochs=EPOCHS, shuffle=False, verbose=0)
+compiled = mlp()
+compiled.compile(**compile_args("adam"))
+distributed = tnt.Model(compiled)
+hd = distributed.fit(x, y, batch_size=20, epochs=EPOCHS, shuffle=False, verbose=0)
+compare("compiled_before_wrapping", serial, distributed, hs, hd)
+
 # 5. BatchNorm: statistics are per micro-batch, so results differ from serial beyond one rank.
 serial, distributed = pair(cnn, "sgd", batch_norm=True)
 hs = serial.fit(images, y, batch_size=16, epochs=EPOCHS, shuffle=False, verbose=0)

@@ -1,0 +1,127 @@
+"""Data-parallel benchmark of tnt.Model on this machine, every configuration side by side
+in one run (interleaved, repeated), written to results/data_parallel/.
+
+    python -m bench.data_parallel [--models resnet50_small transformer_small] [--repeats 2]
+
+Per model, with one compute thread per rank and the same micro-batch per rank (weak scaling):
+  keras 1 rank              plain Keras 3 fit: the baseline
+  tnt 1 and 2 ranks         tnt.Model, allreduce overlapped with backprop
+  tnt_no_overlap 2 ranks    allreduce started only after the whole backprop
+  mwms 1 and 2 ranks        tf.distribute.MultiWorkerMirroredStrategy, which needs Keras 2
+                            (tf-keras): it does not run Keras 3 models
+Figures (summary.json): weak-scaling efficiency = step time at 1 rank / step time at 2
+ranks (same micro-batch: 1.0 is perfect), for tnt, tnt_no_overlap and mwms; tnt's 1-rank
+overhead = tnt 1-rank step time / keras step time - 1; the share of gradient allreduce
+time hidden behind backprop (from the reducer's bucket times).
+Rows of runs.csv: one per run, with every step time, machine, commit and versions.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from bench.machine import describe_machine, describe_source
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROGRAM = os.path.join(REPO_ROOT, "bench", "programs", "data_parallel_modes.py")
+CONFIGS = (("keras", 1), ("tnt", 1), ("tnt", 2), ("tnt_no_overlap", 2), ("mwms", 1), ("mwms", 2))
+TAG = "TNT_BENCH_RESULT "
+
+
+def _run(model, mode, ranks, args) -> dict:
+    command = [sys.executable, "-m", "tarantella.launcher", "-n", str(ranks),
+               "-x", "OMP_NUM_THREADS=1", "-x", "TF_NUM_INTRAOP_THREADS=1", "-x", "TF_NUM_INTEROP_THREADS=1",
+               "--", PROGRAM, "--model", model, "--mode", mode, "--micro-batch", str(args.micro_batch[model]),
+               "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps)]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO_ROOT}
+    started = time.time()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout, cwd=REPO_ROOT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(TAG)]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{model} {mode} x{ranks} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    row = json.loads(lines[-1][len(TAG):])
+    row.update(command=" ".join(command), started=started, load_average_1m=round(os.getloadavg()[0], 2))
+    return row
+
+
+def _median_step(rows, model, mode, ranks):
+    times = [t for row in rows if (row["model"], row["mode"], row["ranks"]) == (model, mode, ranks)
+             for t in row["step_times_s"]]
+    return statistics.median(times) if times else None
+
+
+def summarize(rows, models) -> dict:
+    figures = {}
+    for model in models:
+        step = {f"{mode}_x{ranks}": _median_step(rows, model, mode, ranks) for mode, ranks in CONFIGS}
+        hidden = [row["communication"]["hidden_fraction"] for row in rows
+                  if row["model"] == model and row["mode"] == "tnt" and row["ranks"] == 2 and "communication" in row]
+        hidden_no_overlap = [row["communication"]["hidden_fraction"] for row in rows if row["model"] == model
+                             and row["mode"] == "tnt_no_overlap" and "communication" in row]
+        exposed = [row["communication"]["exposed_s"] for row in rows
+                   if row["model"] == model and row["mode"] == "tnt" and row["ranks"] == 2 and "communication" in row]
+        ratio = lambda a, b: (step[a] / step[b]) if step.get(a) and step.get(b) else None  # noqa: E731
+        figures[model] = {
+            "median_step_time_s": step,
+            "weak_scaling_efficiency_tnt": ratio("tnt_x1", "tnt_x2"),
+            "weak_scaling_efficiency_tnt_no_overlap": ratio("tnt_x1", "tnt_no_overlap_x2"),
+            "weak_scaling_efficiency_mwms_keras2": ratio("mwms_x1", "mwms_x2"),
+            "one_rank_overhead_vs_keras": (ratio("tnt_x1", "keras_x1") - 1) if ratio("tnt_x1", "keras_x1") else None,
+            "allreduce_hidden_fraction": statistics.mean(hidden) if hidden else None,
+            "allreduce_hidden_fraction_no_overlap": statistics.mean(hidden_no_overlap) if hidden_no_overlap else None,
+            "allreduce_exposed_s": statistics.mean(exposed) if exposed else None,
+        }
+    return figures
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.data_parallel", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["resnet50_small", "transformer_small"])
+    parser.add_argument("--micro-batch", type=int, default=16, help="samples per rank and step")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup-steps", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=1200)
+    parser.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "data_parallel"))
+    args = parser.parse_args(argv)
+    args.micro_batch = {model: args.micro_batch for model in args.models}
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for repeat in range(args.repeats):
+        for model in args.models:
+            for mode, ranks in CONFIGS:
+                row = _run(model, mode, ranks, args)
+                row["repeat"] = repeat
+                rows.append(row)
+                print(f"{model:18} {mode:15} x{ranks}  median step {statistics.median(row['step_times_s']):.3f} s"
+                      + (f"  hidden {row['communication']['hidden_fraction']:.0%}" if "communication" in row else ""),
+                      flush=True)
+    context = {"machine": describe_machine(), "source": describe_source(), "python": sys.version.split()[0]}
+    with open(os.path.join(args.out, "runs.csv"), "w", newline="") as handle:
+        columns = ["model", "mode", "ranks", "repeat", "micro_batch", "global_batch", "threads_per_rank",
+                   "parameters", "steps", "warmup_steps", "step_times_s", "communication", "versions",
+                   "load_average_1m", "started", "command"]
+        writer = csv.DictWriter(handle, fieldnames=columns + ["machine", "source"])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**{c: json.dumps(row.get(c)) if isinstance(row.get(c), (list, dict)) else row.get(c)
+                                for c in columns},
+                             "machine": json.dumps(context["machine"]), "source": json.dumps(context["source"])})
+    summary = {"options": {k: v for k, v in vars(args).items()}, **context,
+               "note": "mwms runs under Keras 2 (tf-keras): MultiWorkerMirroredStrategy does not support Keras 3",
+               "figures": summarize(rows, args.models)}
+    with open(os.path.join(args.out, "summary.json"), "w") as handle:
+        json.dump(summary, handle, indent=2, sort_keys=True)
+    print(json.dumps(summary["figures"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
