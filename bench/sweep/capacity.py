@@ -6,7 +6,7 @@ import dataclasses
 from bench.errors import BenchUsageError
 from bench.machine import physical_cores
 
-__all__ = ["Capacity", "find_capacity", "check_counts"]
+__all__ = ["Capacity", "find_capacity", "check_counts", "is_oversubscribed"]
 
 
 @dataclasses.dataclass(frozen=True)
