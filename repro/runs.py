@@ -27,7 +27,11 @@ DETERMINISM_FAILURE_PATTERNS = (
     re.compile(r"does not have a deterministic implementation"),
     re.compile(r"Determinism is not yet supported"),
     re.compile(r"[Dd]eterministic .* (is|are) not supported"),
+    re.compile(r"cannot be called when determinism is enabled"),
 )
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,10 +59,15 @@ class RunResult:
         """The most telling line of the failure (an exception, or the launcher's root cause)."""
         if self.returncode is None:
             return "did not finish within the timeout (hang?); killed"
-        for line in reversed(self.stderr_tail):
-            if re.search(r"(Error|Exception|root cause)", line) and not line.startswith(" "):
-                return line.strip()
-        return self.stderr_tail[-1].strip() if self.stderr_tail else f"exit code {self.returncode}"
+        lines = [re.sub(r"^\s*(\|\s?)?", "", line).rstrip() for line in self.stderr_tail]
+        exception = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), None)
+        root_cause = next((line for line in lines if line.startswith("root cause")), None)
+        if root_cause and exception:
+            return f"{root_cause.split(':', 1)[1].split(',')[0].strip()}: {exception}"
+        if exception or root_cause:
+            return exception or root_cause
+        meaningful = [line for line in lines if line]
+        return meaningful[-1] if meaningful else f"exit code {self.returncode}"
 
     def determinism_failure(self) -> str | None:
         """TensorFlow's refusal of a non-deterministic op, if that is why the run failed."""

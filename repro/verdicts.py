@@ -129,7 +129,8 @@ def run_to_run(first: Record, second: Record, devices: int) -> dict:
         return ("two runs with the same seeds differ: a non-deterministic op or an unseeded source of randomness "
                 "that global seeds do not reach (np.random.default_rng() or random.Random() without a seed, "
                 "time- or pid-based seeds, tf.timestamp, deterministic=False in tf.data)")
-    return {**_pair(first, second, f"run-to-run ({devices} devices twice)", "NONDETERMINISTIC", cause),
+    label = f"run-to-run ({devices} device{'s' if devices != 1 else ''} twice)"
+    return {**_pair(first, second, label, "NONDETERMINISTIC", cause),
             "devices": devices}
 
 

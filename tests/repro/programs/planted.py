@@ -1,10 +1,12 @@
 """A tiny tnt.Model training script with one planted reproducibility pitfall (or none).
 
-    planted.py --pitfall none|shuffle|dropout|nondeterministic_op|crash_on_rank_1
+    planted.py --pitfall none|shuffle|dropout|nondeterministic_op|unseeded_generator|crash_on_rank_1
 
 shuffle: the script seeds Python, numpy and its initialisers but not TensorFlow,
 and shuffles its tf.data pipeline without a seed. dropout: an unseeded Dropout.
-nondeterministic_op: input noise seeded from tf.timestamp(). crash_on_rank_1:
+nondeterministic_op: noise seeded from tf.timestamp() (TensorFlow refuses it
+under op determinism). unseeded_generator: input noise from an unseeded numpy
+Generator in the pipeline (no global seed reaches it). crash_on_rank_1:
 rank 1 raises before training.
 """
 import argparse
@@ -34,6 +36,14 @@ if args.pitfall == "shuffle":
     dataset = dataset.shuffle(64)
 else:
     dataset = dataset.shuffle(64, seed=1)
+if args.pitfall == "unseeded_generator":
+    noise_source = np.random.default_rng()
+
+    def add_noise(features, label):
+        noise = tf.numpy_function(lambda: noise_source.normal(size=6).astype(np.float32) * 1e-2, [], tf.float32)
+        return features + tf.ensure_shape(noise, (6,)), label
+
+    dataset = dataset.map(add_noise)
 dataset = dataset.batch(16, drop_remainder=True)
 
 init = keras.initializers.GlorotUniform(seed=3)

@@ -1,0 +1,158 @@
+"""tnt-repro check end to end: each test runs `tnt-repro check` in a subprocess with a hard timeout.
+
+Tiny models and 2-3 steps; the device counts are the smallest that show each
+behaviour (the full 1,2,4 checks of the examples are in results/repro/).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from repro import cli
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+PLANTED = os.path.join(HERE, "programs", "planted.py")
+HANGS = os.path.join(HERE, "programs", "hangs.py")
+EXAMPLE_MLP = os.path.join(REPO, "examples", "mlp_numpy.py")
+EXAMPLE_CNN = os.path.join(REPO, "examples", "cnn_tf_data.py")
+SUBPROCESS_TIMEOUT = 280
+
+
+def check(tmp_path, *args, timeout=SUBPROCESS_TIMEOUT):
+    """(exit code, stdout, stderr, report or None) of `tnt-repro check ... --out tmp_path/out`."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "repro.cli", "check", "--out", str(out), "--timeout", "200", *args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, cwd=REPO)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail(f"tnt-repro check did not finish within {timeout} s: {' '.join(command)}")
+    report_path = out / "report.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else None
+    return process.returncode, stdout, stderr, report
+
+
+def verdicts_of(report):
+    return {verdict["check"]: verdict for verdict in report["verdicts"]}
+
+
+# --- bad input: no runs, in-process -----------------------------------------------------------
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("args, message", [
+    (["check", "/no/such/train.py"], "no such script"),
+    (["check", EXAMPLE_MLP, "--devices", "0"], "at least 1"),
+    (["check", EXAMPLE_MLP, "--devices", "1,x"], "comma-separated"),
+    (["check", EXAMPLE_MLP, "--steps", "0"], "--steps must be at least 1"),
+    (["check", EXAMPLE_MLP, "--mode", "exact", "--devices", "1,3"], "power of two"),
+    (["check", EXAMPLE_MLP, "--virtual-batches", "4"], "--mode exact only"),
+    (["check", EXAMPLE_MLP, "--mode", "fast"], "invalid choice"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(args, message, capsys):
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tnt-repro: error: ") and message in err[0]
+
+
+# --- failing scripts: clear error, exit code 2, no hang ------------------------------------------
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_script_crashing_on_one_rank(tmp_path):
+    code, _, stderr, _ = check(tmp_path, PLANTED, "--devices", "2", "--steps", "2", "--mode", "exact",
+                               "--no-as-written", "--", "--pitfall", "crash_on_rank_1")
+    assert code == 2, stderr
+    error = [line for line in stderr.splitlines() if line.startswith("tnt-repro: error:")]
+    assert len(error) == 1 and "failed on 2 devices" in error[0] and "planted failure on rank 1" in error[0], stderr
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_hanging_script_is_killed_after_the_timeout(tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "repro.cli", "check", HANGS, "--devices", "1", "--timeout", "15",
+               "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 2
+    assert "did not finish within the timeout" in result.stderr
+
+
+# --- the examples pass ---------------------------------------------------------------------------
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_mlp_example_passes_in_tolerance_mode(tmp_path):
+    code, stdout, stderr, report = check(tmp_path, EXAMPLE_MLP, "--devices", "2", "--steps", "2",
+                                         "--no-as-written")
+    assert code == 0, stdout + stderr
+    found = verdicts_of(report)
+    assert found["serial vs 2 devices"]["verdict"] in ("IDENTICAL", "EQUIVALENT")
+    assert found["run-to-run (2 devices twice)"]["verdict"] == "IDENTICAL"
+    assert report["passed"] and report["options"]["mode"] == "tolerance"
+    assert report["tolerance"]["how"].startswith("tolerance[step]") and not report["tolerance"]["order_sensitive"]
+    assert {run["name"] for run in report["runs"]} == {"serial", "calibration", "2 devices", "2 devices (repeat)"}
+    assert all(run["steps"] == 2 for run in report["runs"])
+    assert "git_commit" in report["source"] and "cpus" in report["machine"]
+    assert os.path.exists(report["plot"])
+    assert "PASSED" in stdout
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_cnn_example_is_bitwise_identical_in_exact_mode(tmp_path):
+    code, stdout, stderr, report = check(tmp_path, EXAMPLE_CNN, "--devices", "2", "--steps", "3",
+                                         "--mode", "exact", "--no-as-written")
+    assert code == 0, stdout + stderr
+    assert verdicts_of(report)["serial vs 2 devices"]["verdict"] == "IDENTICAL"
+    assert report["options"]["virtual_batches"] == 2
+
+
+# --- planted pitfalls are caught -----------------------------------------------------------------
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_unseeded_shuffle_is_seed_dependent(tmp_path):
+    code, stdout, stderr, report = check(tmp_path, PLANTED, "--devices", "1", "--steps", "3", "--mode", "exact",
+                                         "--", "--pitfall", "shuffle")
+    assert code == 1, stdout + stderr
+    written = [v for v in report["verdicts"] if v["check"].startswith("as written")]
+    assert written and written[0]["verdict"] == "SEED_DEPENDENT", report["verdicts"]
+    assert "seed" in written[0]["cause"]
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_unseeded_dropout_diverges_from_serial(tmp_path):
+    code, stdout, stderr, report = check(tmp_path, PLANTED, "--devices", "2", "--steps", "3", "--mode", "exact",
+                                         "--no-as-written", "--", "--pitfall", "dropout")
+    assert code == 1, stdout + stderr
+    verdict = verdicts_of(report)["serial vs 2 devices"]
+    assert verdict["verdict"] == "DIVERGENT" and verdict["first_divergence"]["step"] == 1
+    assert "random layers" in verdict["cause"]
+    assert "DIVERGENT at step 1" in stdout
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_nondeterministic_op_is_reported(tmp_path):
+    """TensorFlow refuses tf.timestamp under op determinism: a finding, not a crash of the harness."""
+    code, stdout, stderr, report = check(tmp_path, PLANTED, "--devices", "1", "--steps", "3", "--mode", "exact",
+                                         "--no-as-written", "--", "--pitfall", "nondeterministic_op")
+    assert code == 1, stdout + stderr
+    assert [v["verdict"] for v in report["verdicts"]] == ["NONDETERMINISTIC"]
+    assert "Timestamp" in report["verdicts"][0]["cause"]
+    assert len(report["runs"]) == 1  # the other runs would be refused alike
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_unseeded_generator_fails_run_to_run(tmp_path):
+    code, stdout, stderr, report = check(tmp_path, PLANTED, "--devices", "1", "--steps", "3", "--mode", "exact",
+                                         "--no-as-written", "--", "--pitfall", "unseeded_generator")
+    assert code == 1, stdout + stderr
+    verdict = verdicts_of(report)["run-to-run (1 device twice)"]
+    assert verdict["verdict"] == "NONDETERMINISTIC" and verdict["first_divergence"]["step"] >= 1
+    assert "non-deterministic op" in verdict["cause"]
