@@ -7,17 +7,17 @@ Before the script starts, as the harness's environment asks:
   TNT_REPRO_OPS_ONLY=1         only deterministic ops and thread counts, no seeds
                                (the "as written" runs: the script's own seeding counts)
   TNT_REPRO_RECORD=DIR         the recorder joins the first `fit` (tarantella/repro_hook.py)
-  TNT_EXACT_VIRTUAL_BATCHES=V  tnt.Model trains in exact mode (tarantella/exact_train_step.py)
+  TNT_EXACT_VIRTUAL_BATCHES=V  (read by tnt.Model itself: exact mode, tarantella/exact_train_step.py)
   TNT_REPRO_CALIBRATE=reverse  tnt.Model reverses every micro-batch before its step
                                (repro/calibration_step.py)
 The script then runs as `__main__` with sys.argv = [script, args...].
 
 Note [Harness-side wiring]
-Until tnt.Model.fit adds tarantella.repro_hook.extra_callbacks() itself and its
-train step can dispatch to exact mode, this runner wraps keras.Model.fit (to
-append the recorder) and replaces tnt.Model.train_step (exact and calibration
-modes) in the harness's own processes only. Both are idempotent with the
-wired versions: a process makes at most one recorder.
+tnt.Model.fit adds tarantella.repro_hook.extra_callbacks() itself. This runner
+also wraps keras.Model.fit so that scripts training a plain Keras model (serial
+references) are recorded too; a process makes at most one recorder, so the two
+never record twice. The calibration run's reversed batches exist only here: the
+runner wraps tnt.Model.train_step in the harness's own process.
 """
 from __future__ import annotations
 
@@ -48,25 +48,16 @@ def _install_recorder_fallback() -> None:
     keras.Model.fit = fit
 
 
-def _install_train_step(virtual_batches: int | None, calibration: str | None) -> None:
-    if virtual_batches is None and not calibration:
-        return
-    from tarantella import runtime
+def _install_calibration(calibration: str) -> None:
+    from repro import calibration_step
     from tarantella.keras.model import Model
 
+    calibration_step.check_supported(calibration)
     original_step = Model.train_step
-    if virtual_batches is not None:
-        from tarantella import exact_train_step
-        exact_train_step.prepare(virtual_batches, runtime.get_size())
 
-        def step(self, data):
-            return exact_train_step.train_step(self, data, virtual_batches)
-    else:
-        from repro import calibration_step
-        calibration_step.check_supported(calibration)
+    def step(self, data):
+        return original_step(self, calibration_step.reverse_batch(data))
 
-        def step(self, data):
-            return original_step(self, calibration_step.reverse_batch(data))
     Model.train_step = step
 
 
@@ -83,8 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         determinism.apply_from_environment()
     if os.environ.get("TNT_REPRO_RECORD"):
         _install_recorder_fallback()
-    from tarantella.exact_train_step import virtual_batches_from_environment
-    _install_train_step(virtual_batches_from_environment(), os.environ.get("TNT_REPRO_CALIBRATE"))
+    if os.environ.get("TNT_REPRO_CALIBRATE"):
+        _install_calibration(os.environ["TNT_REPRO_CALIBRATE"])
     sys.argv = [script, *argv[1:]]
     sys.path[0] = os.path.dirname(script)
     runpy.run_path(script, run_name="__main__")
