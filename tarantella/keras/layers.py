@@ -26,9 +26,6 @@ class SplitLayer(keras.layers.Layer):
         check_single_tensor(self.name, inputs)
         return inputs
 
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
 
 def check_single_tensor(name: str, inputs) -> None:
     count = len(keras.tree.flatten(inputs))

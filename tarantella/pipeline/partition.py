@@ -177,8 +177,11 @@ def partition(model: keras.Model, graph: Graph, stage_of_op: list[int], num_stag
         if producer_stage[t] < last:
             consumers.setdefault(t, set()).add(last)
 
+    # Edge ids are message tags: order them by graph position, the same on every rank (tensor names are
+    # not: Keras numbers them per process).
+    position = {t: (i, j) for i, produced in enumerate(graph.outputs_of) for j, t in enumerate(produced)}
     edges, edge_ids = [], {}
-    for t in sorted(consumers, key=lambda t: (producer_stage[t], graph.tensors[t].name)):
+    for t in sorted(consumers, key=lambda t: position[t]):
         for target in sorted(consumers[t]):
             tensor = graph.tensors[t]
             edge = Edge(len(edges), tensor.name, producer_stage[t], target, _edge_shape(tensor, tensor.name),

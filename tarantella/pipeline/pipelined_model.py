@@ -66,6 +66,7 @@ class PipelinedModel(keras.Model):
         self.stage_model = self.partition.stages[placement.stage].model
         self.output_names = list(model.output_names)
         self._user = _Untracked(model)
+        self._check_same_partition()
         self._broadcast_initial_weights()
         self._stage_group = collectives.Group.world().split(placement.stage) if size > 1 else None
         self._channels = peer_channels.open_channels() if num_stages > 1 else None
@@ -83,6 +84,18 @@ class PipelinedModel(keras.Model):
     def whole_model(self) -> keras.Model:
         """The user's unpartitioned model; its weights outside this stage are current only after sync_weights()."""
         return self._user.model
+
+    def _check_same_partition(self) -> None:
+        """Collective: every rank must cut the same model the same way (edge ids are message tags)."""
+        if runtime.get_size() == 1:
+            return
+        mine = [(e.source, e.target, e.shape, e.dtype) for e in self.partition.edges]
+        everyone = collectives.allgather_object(mine)
+        differ = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
+        if differ:
+            raise ValueError(f"tarantella: ranks {differ} cut the model differently from rank 0 "
+                             f"(rank 0: {everyone[0]}; rank {differ[0]}: {everyone[differ[0]]}); every rank must "
+                             f"build the same model with the same SplitLayers")
 
     def _broadcast_initial_weights(self) -> None:
         """Collective: every rank starts from the master's weights (all ranks hold the whole model at this point)."""

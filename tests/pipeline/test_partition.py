@@ -1,0 +1,136 @@
+"""Partitioning, placement, schedules and balanced cuts: pure logic, one process."""
+import keras
+import numpy as np
+import pytest
+
+from tarantella.keras.layers import SplitLayer
+from tarantella.pipeline import balance
+from tarantella.pipeline.partition import graph_of, partition, stages_from_split_layers
+from tarantella.pipeline.schedules import (BACKWARD, FORWARD, gpipe, ideal_bubble_fraction, max_live_micro_batches,
+                                           one_f_one_b, schedule)
+from tarantella.pipeline.topology import place
+
+
+def two_cut_model():
+    a, b = keras.Input((6,), name="a"), keras.Input((4,), name="b")
+    h1 = keras.layers.Dense(8, name="d1")(a)
+    h2 = keras.layers.Dense(8, name="d2")(b)
+    early = keras.layers.Dense(1, name="early")(h1)                 # an output of stage 0
+    h1, h2 = SplitLayer(name="s1a")(h1), SplitLayer(name="s1b")(h2)  # two tensors cross cut 1
+    h = keras.layers.Concatenate(name="cat")([h1, h2])
+    h = SplitLayer(name="s2")(keras.layers.Dense(8, name="d3")(h))
+    out = keras.layers.Dense(2, name="out")(keras.layers.Concatenate(name="cat2")([h, h2]))  # h2 skips stage 1
+    return keras.Model([a, b], [out, early])
+
+
+def test_split_layers_define_stages_and_crossing_tensors():
+    model = two_cut_model()
+    graph = graph_of(model)
+    stages = stages_from_split_layers(graph)
+    by_name = {op.name: s for op, s in zip(graph.operations, stages)}
+    assert by_name["d1"] == by_name["s1a"] == by_name["early"] == 0
+    assert by_name["cat"] == by_name["d3"] == by_name["s2"] == 1
+    assert by_name["out"] == by_name["cat2"] == 2
+    plan = partition(model, graph, stages, 3)
+    routes = sorted((e.source, e.target) for e in plan.edges)
+    # s1a -> 1, s1b -> 1 and -> 2 (straight to its consumer), s2 -> 2, early output -> 2.
+    assert routes == [(0, 1), (0, 1), (0, 2), (0, 2), (1, 2)]
+    assert [kind for kind, _ in plan.stages[2].model_outputs] == ["computed", "received"]
+    x = [np.ones((3, 6), "float32"), np.ones((3, 4), "float32")]
+    expected = model(x)
+    stage0 = plan.stages[0].model(x)
+    values = {}
+    for out, edges in zip(stage0, plan.stages[0].output_edges):
+        values.update({e: out for e in edges})
+    stage1 = plan.stages[1].model([values[e] for e in plan.stages[1].input_edges])
+    for out, edges in zip([stage1] if not isinstance(stage1, list) else stage1, plan.stages[1].output_edges):
+        values.update({e: out for e in edges})
+    stage2 = plan.stages[2].model([values[e] for e in plan.stages[2].input_edges])
+    stage2 = stage2 if isinstance(stage2, list) else [stage2]
+    final = [stage2[i] if kind == "computed" else values[i] for kind, i in plan.stages[2].model_outputs]
+    for got, want in zip(final, expected):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    # The stages share the user's layer objects: no copies of weights.
+    assert plan.stages[1].model.get_layer("d3") is model.get_layer("d3")
+
+
+def test_only_the_asked_stage_is_built():
+    model = two_cut_model()
+    graph = graph_of(model)
+    plan = partition(model, graph, stages_from_split_layers(graph), 3, build_stage=1)
+    assert plan.stages[0].model is None and plan.stages[2].model is None
+    assert {layer.name for layer in plan.stages[1].model.layers} >= {"cat", "d3", "s2"}
+
+
+def test_split_layer_with_two_inputs_is_refused_when_built():
+    a, b = keras.Input((4,)), keras.Input((4,))
+    with pytest.raises(ValueError, match="exactly one input"):
+        SplitLayer(name="bad")([a, b])
+
+
+def test_inputs_must_be_read_by_the_first_stage():
+    a, b = keras.Input((4,), name="a"), keras.Input((4,), name="b")
+    h = SplitLayer()(keras.layers.Dense(4, name="d")(a))
+    out = keras.layers.Concatenate(name="late")([h, b])
+    model = keras.Model([a, b], out)
+    graph = graph_of(model)
+    with pytest.raises(ValueError, match="'late' in pipeline stage 1 reads the model input"):
+        partition(model, graph, stages_from_split_layers(graph), 2)
+
+
+def test_stage_count_must_divide_the_ranks():
+    with pytest.raises(ValueError, match="3 pipeline stages do not divide the 4 ranks"):
+        place(0, 4, 3, data_parallel=True)
+    with pytest.raises(ValueError, match="ParallelStrategy.ALL"):
+        place(0, 4, 2, data_parallel=False)
+    p = place(5, 6, 3)
+    assert (p.replica, p.stage, p.num_replicas, p.peer(0)) == (1, 2, 2, 3)
+
+
+@pytest.mark.parametrize("stages,micro", [(1, 1), (2, 4), (4, 4), (4, 8), (3, 2)])
+def test_schedules_run_every_pass_once_in_dependency_order(stages, micro):
+    for make in (gpipe, one_f_one_b):
+        for stage in range(stages):
+            passes = make(micro, stages, stage)
+            assert sorted(passes) == sorted([(FORWARD, m) for m in range(micro)] + [(BACKWARD, m) for m in range(micro)])
+            for m in range(micro):
+                assert passes.index((FORWARD, m)) < passes.index((BACKWARD, m))
+            assert [m for k, m in passes if k == BACKWARD] == list(range(micro))
+    # 1F1B bounds live activations by the stages still ahead; GPipe holds them all.
+    assert max_live_micro_batches(one_f_one_b(micro, stages, 0)) == min(stages, micro)
+    assert max_live_micro_batches(gpipe(micro, stages, 0)) == micro
+
+
+def test_one_f_one_b_shape():
+    assert one_f_one_b(4, 2, 0) == [(FORWARD, 0), (FORWARD, 1), (BACKWARD, 0), (FORWARD, 2), (BACKWARD, 1),
+                                    (FORWARD, 3), (BACKWARD, 2), (BACKWARD, 3)]
+    assert ideal_bubble_fraction(4, 2) == pytest.approx(1 / 5)
+    with pytest.raises(ValueError, match="unknown pipeline schedule"):
+        schedule("pipedream", 4, 2, 0)
+
+
+def test_balanced_cut_minimises_the_slowest_stage():
+    assert balance.balanced_cut([1, 1, 1, 1], 2) == [2]
+    assert balance.balanced_cut([5, 1, 1, 1, 1, 1], 2) == [1]
+    assert balance.balanced_cut([1, 2, 3, 4, 5, 6], 3, first_allowed=1) == [3, 5]
+    assert balance.stages_from_cut(5, [2, 4]) == [0, 0, 1, 1, 2]
+    with pytest.raises(ValueError, match="cannot cut"):
+        balance.balanced_cut([1, 1], 3)
+
+
+def test_automatic_cut_of_a_plain_model_runs_like_the_model():
+    keras.utils.set_random_seed(0)
+    x = keras.Input((8,), name="x")
+    h = x
+    for i, width in enumerate([64, 8, 64, 8]):
+        h = keras.layers.Dense(width, activation="relu", name=f"d{i}")(h)
+    model = keras.Model(x, keras.layers.Dense(1, name="out")(h))
+    graph = graph_of(model)
+    costs = balance.measure_costs(model, graph, batch_size=4, repeats=1)
+    assert len(costs) == len(graph.operations) and all(c >= 0 for c in costs)
+    cuts = balance.balanced_cut(balance.parameter_costs(graph), 2, balance.earliest_cut(graph))
+    plan = partition(model, graph, balance.stages_from_cut(len(graph.operations), cuts), 2)
+    assert len(plan.edges) == 1
+    data = np.random.default_rng(0).standard_normal((5, 8)).astype("float32")
+    middle = plan.stages[0].model(data)
+    np.testing.assert_allclose(np.asarray(plan.stages[1].model(middle)), np.asarray(model(data)), rtol=1e-6)

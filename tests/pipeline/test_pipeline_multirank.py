@@ -1,0 +1,41 @@
+"""Pipelined training against serial Keras on 2 and 4 ranks: 2 stages, 2 stages
+x 2 replicas, 4 stages; both schedules in every launch. A hang fails the test
+(the engine's timeout, then run_ranks' kill), it never stalls."""
+import os
+
+import pytest
+
+from tests.multirank import run_ranks
+
+PROGRAMS = os.path.join(os.path.dirname(__file__), "programs")
+ENV = {"TNT_TIMEOUT_SECONDS": "60"}
+TRAINING_CHECKS = ["1f1b training matches serial", "1f1b evaluate and predict match serial",
+                   "gpipe training matches serial", "gpipe evaluate and predict match serial", "done"]
+
+
+def check_all_ranks(result, ranks, checks):
+    for rank in range(ranks):
+        for check in checks:
+            assert f"OK {check}\n" in result.rank_stdout.get(rank, ""), f"rank {rank}: {check}\n{result.describe()}"
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("ranks,stages,extra", [(2, 2, ["--save"]), (4, 2, ["--data-parallel"]), (4, 4, ["--save"])],
+                         ids=["2-stages", "2-stages-x-2-replicas", "4-stages"])
+def test_pipelined_training_matches_serial_keras(ranks, stages, extra, tmp_path):
+    args = [str(stages)] + [a if a != "--save" else f"--save={tmp_path}" for a in extra]
+    result = run_ranks(ranks, os.path.join(PROGRAMS, "check_against_serial.py"), args=args, timeout=220,
+                       env=ENV).check()
+    checks = TRAINING_CHECKS + (["save writes one keras file; load_model pipelines it"] if "--save" in extra else [])
+    check_all_ranks(result, ranks, checks)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(150)
+def test_bad_pipelines_fail_early_and_automatic_cuts_train_like_serial():
+    result = run_ranks(2, os.path.join(PROGRAMS, "check_errors_and_auto_cut.py"), timeout=130, env=ENV).check()
+    check_all_ranks(result, 2, ["stage count must divide the ranks", "inputs on the first stage",
+                                "splits and stage count agree", "automatic cut by time trains like serial",
+                                "automatic cut by parameters trains like serial", "done"])
+    assert "automatic pipeline cut into 2 stages" in result.rank_stdout[0], result.describe()
