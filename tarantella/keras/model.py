@@ -72,9 +72,7 @@ class Model(keras.Model):
     # --- the wrapped model ---------------------------------------------------
 
     def build(self, input_shape=None):
-        if not self._model.built:
-            self._model.build(input_shape)
-        self.built = True
+        self.built = True  # the wrapped model builds itself on its first call
 
     def call(self, inputs, training=None):
         return self._model(inputs, training=training)

@@ -32,12 +32,13 @@ def results(run, n):
 def test_fit_evaluate_predict_match_serial_keras(n):
     run = run_ranks(n, os.path.join(PROGRAMS, "fit_matches_serial.py"), timeout=TIMEOUT, env=ENV).check()
     found = results(run, n)
-    for check in ("mlp_arrays", "cnn_dataset", "mlp_micro_batches", "dict_inputs", "compiled_before_wrapping"):
+    for check in ("mlp_arrays", "cnn_dataset", "mlp_micro_batches", "dict_inputs", "compiled_before_wrapping",
+                  "subclassed_unbuilt"):
         for rank, values in found[check].items():
             assert values["weights"] <= TOLERANCE, f"{check} rank {rank}: weights differ by {values['weights']}"
             assert values["history"] <= TOLERANCE, f"{check} rank {rank}: logs differ by {values['history']}"
             assert values["epochs"] == 3
-            assert check == "compiled_before_wrapping" or "val_loss" in values["history_keys"]
+            assert check in ("compiled_before_wrapping", "subclassed_unbuilt") or "val_loss" in values["history_keys"]
         # Logs are global values: bitwise the same on every rank.
         assert len({json.dumps(v["logs"], sort_keys=True) for v in found[check].values()}) == 1, check
         print(f"{n} ranks, {check}: max relative difference weights "

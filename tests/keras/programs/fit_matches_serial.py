@@ -142,6 +142,26 @@ distributed = tnt.Model(compiled)
 hd = distributed.fit(x, y, batch_size=20, epochs=EPOCHS, shuffle=False, verbose=0)
 compare("compiled_before_wrapping", serial, distributed, hs, hd)
 
+# 4c. A subclassed model, unbuilt when wrapped (built from the first micro-batch).
+class Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(3)
+
+    def call(self, inputs, training=False):
+        return self.out(self.hidden(inputs))
+
+
+def subclassed():
+    keras.utils.set_random_seed(4)
+    return Subclassed()
+
+
+serial, distributed = pair(subclassed, "adam")
+hs = serial.fit(x, y, batch_size=12, epochs=EPOCHS, shuffle=False, verbose=0)
+hd = distributed.fit(x, y, batch_size=12, epochs=EPOCHS, shuffle=False, verbose=0)
+compare("subclassed_unbuilt", serial, distributed, hs, hd)
+
 # 5. BatchNorm: statistics are per micro-batch, so results differ from serial beyond one rank.
 serial, distributed = pair(cnn, "sgd", batch_norm=True)
 hs = serial.fit(images, y, batch_size=16, epochs=EPOCHS, shuffle=False, verbose=0)
