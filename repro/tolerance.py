@@ -18,9 +18,9 @@ u is float32's unit roundoff 2**-24 (the floor keeps a tolerance when the
 calibration happens to round to the same bits). SPREAD = 16 (4 bits of
 headroom) allows for one reassociation carrying the trajectory further than
 another: on the project's examples the distributed runs' differences were
-0.6-0.9 times the calibration envelope (they use ~5% of the tolerance), while
-planted pitfalls exceed the tolerance by orders of magnitude at their first
-step (results/repro/README.md has the figures). A run is
+0.6-1.8 times the calibration envelope (they use 5-11% of the tolerance), while
+a planted unseeded noise source differed by 6e-4 at its first step, ~300 times
+the tolerance there (results/repro/README.md has the figures). A run is
 EQUIVALENT when every variable and loss at every step is within tolerance.
 
 If the calibration already differs by more than sqrt(u) after one step, the
