@@ -59,7 +59,7 @@ class Model(keras.Model):
         self.parallel_strategy = parallel_strategy
         self.overlap_communication = overlap_communication
         self.world_size = runtime.get_size()
-        self._allreducers: list[GraphAllreducer] = []
+        self._allreducers: list[tuple[str, GraphAllreducer]] = []  # (purpose, allreducer)
         self._gradient_allreducer: GraphAllreducer | None = None
         self._validation_dataset = None
         self._weights_synchronized = False
@@ -173,7 +173,7 @@ class Model(keras.Model):
         if self.world_size == 1:
             return gradients
         in_backprop_order = tf_steps.dense_gradients(gradients, variables)[::-1]
-        self._gradient_allreducer = self._allreducer_for(in_backprop_order)
+        self._gradient_allreducer = self._allreducer_for(in_backprop_order, "gradients")
         summed = self._gradient_allreducer(in_backprop_order, overlap=self.overlap_communication)
         return summed[::-1]
 
@@ -192,18 +192,21 @@ class Model(keras.Model):
             return super().get_metrics_result()
         if tf.executing_eagerly():
             return metric_reduction.eager_global_results(self.metrics)
-        return metric_reduction.graph_global_results(self.metrics, self._allreducer_for)
+        return metric_reduction.graph_global_results(
+            self.metrics, lambda tensors: self._allreducer_for(tensors, "metrics"))
 
-    def _allreducer_for(self, tensors) -> GraphAllreducer:
-        for allreducer in self._allreducers:
-            if allreducer.matches(tensors):
+    def _allreducer_for(self, tensors, purpose: str) -> GraphAllreducer:
+        """One reducer per purpose and tensor list, reused by every traced step (train, test, retraces).
+        Created collectively: every rank traces the same steps in the same order."""
+        for known_purpose, allreducer in self._allreducers:
+            if known_purpose == purpose and allreducer.matches(tensors):
                 return allreducer
         allreducer = GraphAllreducer([t.shape for t in tensors], [t.dtype for t in tensors])
-        self._allreducers.append(allreducer)
+        self._allreducers.append((purpose, allreducer))
         return allreducer
 
     def _close_allreducers(self):
-        for allreducer in self._allreducers:
+        for _, allreducer in self._allreducers:
             allreducer.close()
         self._allreducers = []
         self._gradient_allreducer = None
