@@ -7,6 +7,7 @@ r"""tnt-bench: MLPerf-style scaling benchmarks for tarantella, with results, plo
         --cluster this_machine --out results/r50_validate     (measure and predict: validation.csv)
     tnt-bench plot results/r50 results/r50_keras --out results/compare
     tnt-bench train --benchmark mini_digits -n 2
+    tnt-bench validate results/r50_validate --cluster this_machine   (predict again, no runs)
     tnt-bench calibrate -n 2          (fit a profile's [intra_node] to the engine's allreduce)
     tnt-bench allreduce --ranks 2,4   (the engine's algorithms against MPI_Allreduce)
 
@@ -96,6 +97,13 @@ def _add_train(commands):
     parser.add_argument("--timeout", type=float, default=3600.0)
 
 
+def _add_validate(commands):
+    parser = commands.add_parser("validate", help="predict a measured sweep's counts again and "
+                                                  "rewrite its validation.csv")
+    parser.add_argument("directory", help="a measured sweep directory (runs.csv, profile.json)")
+    parser.add_argument("--cluster", default="this_machine", help="cluster profile (default this_machine)")
+
+
 def _add_calibrate(commands):
     parser = commands.add_parser("calibrate", help="fit a cluster profile's link to the engine's allreduce")
     parser.add_argument("-n", "--devices", type=_positive_int, default=2)
@@ -116,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scaling(commands)
     _add_train(commands)
     _add_plot(commands)
+    _add_validate(commands)
     _add_calibrate(commands)
     _add_allreduce(commands)
     return parser
@@ -191,6 +200,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _plot(args)
         if args.command == "train":
             return _train(args, argv)
+        if args.command == "validate":
+            from bench.sweep.revalidate import revalidate
+            summary = revalidate(args.directory, args.cluster, "tnt-bench " + shlex.join(argv))
+            _print_points(summary)
+            return 0
         if args.command == "calibrate":
             return _calibrate(args)
         if args.command == "allreduce":

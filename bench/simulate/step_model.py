@@ -47,8 +47,11 @@ def compute_times(profile: dict, cluster: ClusterProfile, micro_batch: int, devi
     if model_step is not None:
         step = model_step.step_s * micro_batch / model_step.micro_batch
     else:
-        fixed = profile.get("fixed_s", 0.0) / cluster.relative_speed
-        per_example = profile.get("per_example_s", profile["step_s"] / profile["micro_batch"])
+        # Anchored at the measured step: at the profile's micro-batch and 1 device the
+        # prediction is the measured step time, whatever the phase timings said.
+        fixed_s = min(profile.get("fixed_s", 0.0), profile["step_s"])
+        per_example = (profile["step_s"] - fixed_s) / profile["micro_batch"]
+        fixed = fixed_s / cluster.relative_speed
         variable = per_example * micro_batch / cluster.relative_speed
         if cluster.compute_mode == "shared_node":
             # The node's cores are split among its ranks: the per-example work runs at the

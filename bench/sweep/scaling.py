@@ -24,7 +24,8 @@ from bench.sweep.options import SweepOptions
 from bench.sweep.progress import Progress
 from bench.sweep.runner import measured_row, run_point
 
-__all__ = ["run_scaling", "check_batches"]
+__all__ = ["run_scaling", "check_batches", "complete_row", "simulate_rows", "validation_table",
+           "summary_points"]
 
 
 def check_batches(options: SweepOptions, default_micro_batch: int) -> None:
@@ -44,7 +45,7 @@ def _epoch_examples(options: SweepOptions, entry) -> int:
     return get_dataset_info(name).train_examples
 
 
-def _complete(row: dict, options: SweepOptions, entry, epoch_examples: int, common: dict) -> dict:
+def complete_row(row: dict, options: SweepOptions, entry, epoch_examples: int, common: dict) -> dict:
     for key, value in common.items():
         row.setdefault(key, value)
     row.setdefault("data", options.data)
@@ -88,7 +89,7 @@ def _profile_for_simulation(options, entry, progress, profile_path):
     return load_profile(profile_path)
 
 
-def _simulate(options, entry, profile, cluster, counts):
+def simulate_rows(options, entry, profile, cluster, counts):
     rows = []
     for count in counts:
         # The keras baseline exchanges no gradients, so its prediction has no communication.
@@ -99,7 +100,7 @@ def _simulate(options, entry, profile, cluster, counts):
     return rows
 
 
-def _validation(rows: list[dict]) -> list[dict]:
+def validation_table(rows: list[dict]) -> list[dict]:
     measured = {r["devices"]: r for r in rows if not r["simulated"]}
     table = []
     for row in rows:
@@ -111,6 +112,13 @@ def _validation(rows: list[dict]) -> list[dict]:
                           "predicted_step_s": row["step_time_median_s"],
                           "relative_error": error, "cluster": row["cluster"]})
     return table
+
+
+def summary_points(rows: list[dict]) -> list[dict]:
+    return [{key: row[key] for key in (
+        "devices", "nodes", "simulated", "cluster", "oversubscribed", "micro_batch", "global_batch",
+        "step_time_median_s", "throughput", "throughput_unit", "epoch_time_min", "speedup",
+        "efficiency")} for row in rows]
 
 
 def run_scaling(options: SweepOptions) -> dict:
@@ -132,21 +140,21 @@ def run_scaling(options: SweepOptions) -> dict:
 
     if options.simulate:
         profile = _profile_for_simulation(options, entry, progress, profile_path)
-        rows = _simulate(options, entry, profile, cluster, options.counts)
+        rows = simulate_rows(options, entry, profile, cluster, options.counts)
     else:
         rows = _measure(options, entry, progress, profile_path)
         if cluster is not None:
-            rows += _simulate(options, entry, load_profile(profile_path), cluster, options.counts)
+            rows += simulate_rows(options, entry, load_profile(profile_path), cluster, options.counts)
 
     sweep = os.path.basename(os.path.normpath(options.out))
     timestamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     common = {"sweep": sweep, "model": entry.name, "framework": options.framework,
               "scaling": options.scaling, "timestamp": timestamp, **machine, **source,
               **describe_software()}
-    rows = [_complete(row, options, entry, epoch_examples, common) for row in rows]
+    rows = [complete_row(row, options, entry, epoch_examples, common) for row in rows]
     records.derive_figures(rows)
     records.write_runs(rows, options.out)
-    validation = _validation(rows)
+    validation = validation_table(rows)
     if validation:
         import pandas as pd
         pd.DataFrame(validation).to_csv(os.path.join(options.out, "validation.csv"), index=False)
@@ -158,10 +166,7 @@ def run_scaling(options: SweepOptions) -> dict:
         "machine": machine, "source": source,
         "cluster": None if cluster is None else {"name": cluster.name, "description": cluster.description,
                                                  "source": cluster.source, "profile": cluster.path},
-        "points": [{key: row[key] for key in (
-            "devices", "nodes", "simulated", "cluster", "oversubscribed", "micro_batch", "global_batch",
-            "step_time_median_s", "throughput", "throughput_unit", "epoch_time_min", "speedup",
-            "efficiency")} for row in rows],
+        "points": summary_points(rows),
         "validation": validation,
         "files": ["runs.csv", "summary.json", "profile.json"] + (["validation.csv"] if validation else []),
     }
