@@ -28,6 +28,8 @@ run plot $out/transformer_hpc_da_simulated $out/transformer_supermuc_ng_simulate
 
 run scaling --model resnet50_small --micro-batch 32 --devices 1,2,4 --oversubscribe --steps 10 \
     --warmup-steps 2 --cluster this_machine --out $out/resnet50_small_tnt
+# (re-predicted after the simulation was anchored at the measured 1-device step)
+run validate $out/resnet50_small_tnt --cluster this_machine
 run scaling --model transformer_small --devices 1,2,4 --oversubscribe --steps 10 --warmup-steps 2 \
     --cluster this_machine --out $out/transformer_small_tnt
 run scaling --model resnet50_small --micro-batch 32 --framework keras --devices 1,2 --steps 10 \
