@@ -52,8 +52,10 @@ def _distributed_cause(step: int, key: str, reference: Record, other: Record, to
     if step == 1:
         losses = reference.steps[1]["step_loss"], other.steps[1]["step_loss"]
         if None not in losses and abs(losses[0] - losses[1]) > 1e-3 * max(abs(losses[0]), 1e-30):
-            return ("the first step already trains on different data: the data order depends on the rank count "
-                    "or on an unseeded shuffle; batch with the GLOBAL batch size and seed shuffle/list_files")
+            return ("the first step's loss already differs: the step sees other data (the data order depends on "
+                    "the rank count or on an unseeded shuffle: batch with the GLOBAL batch size, seed "
+                    "shuffle/list_files) or other random masks (Dropout and other random layers draw per "
+                    "micro-batch, so they cannot match serial training)")
     if exact:
         return ("the summation order differs: exact mode needs the recursive_doubling allreduce, power-of-two rank "
                 "counts, global batches that are multiples of the virtual micro-batch count, equal thread counts, "
