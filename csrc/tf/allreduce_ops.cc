@@ -88,6 +88,11 @@ class StartAllreduce : public OpKernel {
     OP_REQUIRES_OK(context, context->GetAttr("tensor", &tensor_));
   }
 
+  // Run inline the moment the gradient exists instead of queueing behind the
+  // (expensive) backprop kernels: the earlier a bucket fills, the more of its
+  // allreduce overlaps the rest of backprop. It only copies into the bucket.
+  bool IsExpensive() override { return false; }
+
   void Compute(OpKernelContext* context) override {
     const Tensor& gradient = context->input(0);
     char error[kErrorSize] = {0};

@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tarantella.data import batching
+
 __all__ = ["DATA", "GLOBAL_SIZE", "FIRST_INDEX", "is_distributed_element", "from_arrays", "class_weights_as_sample_weights",
            "from_batched_dataset", "from_unbatched_dataset"]
 
@@ -36,6 +38,13 @@ def _slice_for_rank(batch, size: int, rank: int):
     count = base + tf.cast(rank < extra, tf.int64)
     start = rank * base + tf.minimum(tf.constant(rank, tf.int64), extra)
     part = tf.nest.map_structure(lambda tensor: tensor[start:start + count], batch)
+    static_total = first.shape[0]
+    if static_total is not None:
+        # Every global batch has this size (tf.data says so): keep the micro-batch's shape static too,
+        # as plain Keras would see it; TensorFlow runs fully static shapes faster.
+        static_count = batching.micro_batch_size(static_total, size, rank)
+        for tensor in tf.nest.flatten(part):
+            tensor.set_shape([static_count] + tensor.shape[1:])
     return part, total, start
 
 
