@@ -35,3 +35,7 @@ run scaling --model transformer_small --devices 1,2,4 --oversubscribe --steps 10
 run scaling --model resnet50_small --micro-batch 32 --framework keras --devices 1,2 --steps 10 \
     --warmup-steps 2 --out $out/resnet50_small_keras
 run plot $out/resnet50_small_tnt $out/resnet50_small_keras --out $out/resnet50_small_tnt_vs_keras
+
+# Time to accuracy of the mini benchmark (tnt.Model), MLPerf style.
+run train --benchmark mini_digits -n 1 --out $out/train_mini_digits_1dev
+run train --benchmark mini_digits -n 2 --out $out/train_mini_digits_2dev
