@@ -83,7 +83,7 @@ def run(args) -> int:
 
 def _mpi_library() -> str:
     from mpi4py import MPI
-    return MPI.Get_library_version().splitlines()[0].strip()
+    return MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip()
 
 
 def main(argv=None) -> int:

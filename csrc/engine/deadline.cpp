@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <thread>
 
@@ -13,18 +14,27 @@ namespace tnt {
 
 Deadline::Deadline(const WaitLimits& limits) : start_(std::chrono::steady_clock::now()), limits_(limits) {}
 
+namespace {
+constexpr unsigned kSpinRounds = 2000;
+constexpr unsigned kYieldRounds = 2000;
+std::atomic<unsigned> g_spin_rounds{kSpinRounds};
+}  // namespace
+
+void set_oversubscribed(bool oversubscribed) { g_spin_rounds = oversubscribed ? 0 : kSpinRounds; }
+
 void back_off(unsigned round) {
-  if (round < 2000) {
+  const unsigned spin = g_spin_rounds.load(std::memory_order_relaxed);
+  if (round < spin) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
-  } else if (round < 4000) {
+  } else if (round < spin + kYieldRounds) {
     sched_yield();
   } else {
     // Long waits sleep, ever longer up to 0.5 ms, so a rank blocked on a slow
     // peer leaves its core to the compute threads; the added latency is at
     // most one sleep, small against a wait that long.
-    const unsigned micros = std::min(500u, 10u + (round - 4000) / 8);
+    const unsigned micros = std::min(500u, 10u + (round - spin - kYieldRounds) / 8);
     std::this_thread::sleep_for(std::chrono::microseconds(micros));
   }
 }

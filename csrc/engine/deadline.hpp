@@ -31,4 +31,8 @@ class Deadline {
 // One step of the spin -> yield -> sleep back-off, `round` counting from 0.
 void back_off(unsigned round);
 
+// With more ranks on a node than cores, a spinning rank holds the core that the
+// rank it waits for needs: then waits start by yielding, without spinning.
+void set_oversubscribed(bool oversubscribed);
+
 }  // namespace tnt

@@ -1,6 +1,7 @@
 #include "engine.hpp"
 
 #include <mpi.h>
+#include <sched.h>
 
 #include <cstdlib>
 
@@ -14,6 +15,19 @@ std::unique_ptr<Engine> g_engine;
 std::mutex g_engine_mutex;
 // Whether MPI_Init was ours, so stop() finalises only what it started.
 bool g_owns_mpi = false;
+
+// More ranks on this node than cores this rank may run on (see set_oversubscribed).
+bool node_is_oversubscribed() {
+  MPI_Comm node = MPI_COMM_NULL;
+  TNT_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int node_ranks = 1;
+  TNT_MPI(MPI_Comm_size(node, &node_ranks));
+  TNT_MPI(MPI_Comm_free(&node));
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int usable = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  return node_ranks > usable;
+}
 }  // namespace
 
 Engine::Engine(const EngineConfig& config) : config_(config) {
@@ -35,6 +49,7 @@ Engine::Engine(const EngineConfig& config) : config_(config) {
   int world_rank = 0;
   TNT_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
   set_log_identity(world_rank, config.log_level, config.log_on_all_devices);
+  set_oversubscribed(node_is_oversubscribed());
   world_ = std::make_unique<ProcessGroup>(MPI_COMM_WORLD, config.limits);
   world_allreducer_ = std::make_unique<Allreducer>(*world_);
 }
