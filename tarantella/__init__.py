@@ -27,6 +27,8 @@ _LAZY = {
     "models": ("tarantella.keras.models", None),
     "keras": ("tarantella.keras", None),
     "data": ("tarantella.data", None),
+    "pipeline": ("tarantella.pipeline", None),
+    "set_deterministic": ("tarantella.determinism", "set_deterministic"),
 }
 
 
@@ -48,6 +50,6 @@ __all__ = [
     "init", "is_initialized", "get_rank", "get_size", "get_master_rank", "is_master_rank", "shutdown",
     "Group", "allreduce", "broadcast", "allgather", "barrier", "allgather_object", "broadcast_object",
     "MismatchError", "CollectiveTimeoutError", "EngineError",
-    "Model", "ParallelStrategy", "models", "keras", "data",
+    "Model", "ParallelStrategy", "models", "keras", "data", "pipeline", "set_deterministic",
     "__version__",
 ]

@@ -7,6 +7,6 @@ _devices.configure_tensorflow(_tf)
 
 from tarantella.keras.model import Model  # noqa: E402
 from tarantella.keras.parallel_strategy import ParallelStrategy  # noqa: E402
-from tarantella.keras import models  # noqa: E402
+from tarantella.keras import layers, models  # noqa: E402
 
-__all__ = ["Model", "ParallelStrategy", "models"]
+__all__ = ["Model", "ParallelStrategy", "layers", "models"]

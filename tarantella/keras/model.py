@@ -45,6 +45,15 @@ class Model(keras.Model):
     overlap_communication=False starts the gradient allreduce only once the
     whole backprop is done (for measuring what overlap buys)."""
 
+    def __new__(cls, model=None, parallel_strategy=ParallelStrategy.DATA, *args, **kwargs):
+        """PIPELINING and ALL give the pipelined model (tarantella.pipeline), which
+        takes num_micro_batches, schedule and num_pipeline_stages."""
+        if isinstance(parallel_strategy, ParallelStrategy) and ParallelStrategy.PIPELINING in parallel_strategy:
+            from tarantella.pipeline import make_pipelined_model
+            return make_pipelined_model(model, data_parallel=parallel_strategy == ParallelStrategy.ALL,
+                                        **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, model: keras.Model, parallel_strategy=ParallelStrategy.DATA,
                  overlap_communication: bool = True, name: str | None = None):
         if isinstance(model, Model):
@@ -52,8 +61,8 @@ class Model(keras.Model):
         if not isinstance(model, keras.Model):
             raise TypeError(f"tarantella: tnt.Model wraps a keras.Model, got {type(model).__name__}")
         if parallel_strategy != ParallelStrategy.DATA:
-            raise NotImplementedError(f"tarantella: parallel_strategy={parallel_strategy} is not available yet; "
-                                      f"use tnt.ParallelStrategy.DATA")
+            raise ValueError(f"tarantella: unknown parallel_strategy {parallel_strategy!r}; use "
+                             f"tnt.ParallelStrategy.DATA, PIPELINING or ALL")
         super().__init__(name=name or model.name)
         self._model = model
         self.parallel_strategy = parallel_strategy

@@ -16,7 +16,7 @@ import numpy as np
 
 import tarantella as tnt
 from tarantella.keras.layers import SplitLayer
-from tarantella.pipeline import load_model, make_pipelined_model
+from tarantella.pipeline import load_model
 
 parser = argparse.ArgumentParser()
 parser.add_argument("stages", type=int)
@@ -88,8 +88,9 @@ serial_eval = serial.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=Tru
 serial_pred = serial.predict(x, batch_size=BATCH, verbose=0)
 
 for schedule in ("1f1b", "gpipe"):
-    model = make_pipelined_model(build(args.stages), num_micro_batches=4, schedule=schedule,
-                                 data_parallel=args.data_parallel)
+    # Through the public entry point: tnt.Model hands PIPELINING/ALL to tarantella.pipeline.
+    strategy = tnt.ParallelStrategy.ALL if args.data_parallel else tnt.ParallelStrategy.PIPELINING
+    model = tnt.Model(build(args.stages), parallel_strategy=strategy, num_micro_batches=4, schedule=schedule)
     placement = model.placement
     assert placement.num_stages == args.stages and placement.num_replicas == size // args.stages
     whole_layers = len(model.whole_model.layers)
