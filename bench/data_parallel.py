@@ -8,7 +8,9 @@ Per model, with one compute thread per rank and the same micro-batch per rank (w
   tnt 1 and 2 ranks         tnt.Model, allreduce overlapped with backprop
   tnt_no_overlap 2 ranks    allreduce started only after the whole backprop
   mwms 1 and 2 ranks        tf.distribute.MultiWorkerMirroredStrategy, which needs Keras 2
-                            (tf-keras): it does not run Keras 3 models
+                            (tf-keras): it does not run Keras 3 models. Install it with
+                            `pip install --no-deps "tf-keras==2.21.*"` (its dependencies would
+                            pull the full `tensorflow` package beside `tensorflow-cpu`)
 Figures (summary.json): weak-scaling efficiency = step time at 1 rank / step time at 2
 ranks (same micro-batch: 1.0 is perfect), for tnt, tnt_no_overlap and mwms; tnt's 1-rank
 overhead = tnt 1-rank step time / keras step time - 1; the share of gradient allreduce
