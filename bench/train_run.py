@@ -9,11 +9,10 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import signal
-import subprocess
 import sys
 
 from bench.errors import BenchUsageError
+from bench.launched_run import LaunchTimedOut, run_launched
 from bench.machine import describe_machine, describe_source
 from bench.programs.result_line import parse_result_line
 from bench.specs import load_spec
@@ -44,15 +43,12 @@ def run_training(args, command_line: str) -> int:
                         ("--data-dir", args.data_dir)):
         if value:
             command += [flag, str(value)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
     try:
-        stdout, stderr = process.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
+        process = run_launched(command, args.timeout)
+    except LaunchTimedOut:
         raise TrainingRunError(f"training {spec['name']} took longer than {args.timeout:.0f} s; "
                                f"raise --timeout") from None
+    stdout, stderr = process.stdout, process.stderr
     last = "\n".join(stderr.strip().splitlines()[-10:])
     if process.returncode in (2, 3):
         said = [line.split("train_to_target: ", 1)[1] for line in stderr.splitlines()

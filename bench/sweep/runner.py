@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 
 from bench.errors import BenchUsageError
+from bench.launched_run import LaunchTimedOut, run_launched
 from bench.programs.result_line import parse_result_line
 from bench.sweep.options import SweepOptions
 
@@ -50,19 +49,13 @@ def run_point(options: SweepOptions, devices: int, micro_batch: int,
     """The program's result on `devices` ranks, plus `command` and `elapsed_s`."""
     command = launch_command(options, devices, micro_batch, profile_out)
     started = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
     try:
-        stdout, stderr = process.communicate(timeout=options.timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
+        process = run_launched(command, options.timeout_s)
+    except LaunchTimedOut as timed_out:
         raise SweepRunError(f"the run on {devices} device(s) took longer than {options.timeout_s:.0f} s "
                             f"and was stopped; raise --timeout or lower --steps. Last output:\n"
-                            f"{_tail(stderr)}") from None
-    except BaseException:  # Ctrl-C or SIGTERM of tnt-bench: the ranks must not outlive it
-        os.killpg(process.pid, signal.SIGKILL)
-        raise
+                            f"{_tail(timed_out.stderr)}") from None
+    stdout, stderr = process.stdout, process.stderr
     if process.returncode == _FRAMEWORK_MISSING:
         said = [line.split("train_benchmark: ", 1)[1] for line in stderr.splitlines()
                 if "train_benchmark: " in line]
