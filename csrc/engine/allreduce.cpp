@@ -32,6 +32,19 @@ Range part_of(std::size_t count, int parts, int index) {
   return Range{i * base + (i < extra ? i : extra), base + (i < extra ? 1 : 0)};
 }
 
+std::string describe_call(std::size_t count, DType dtype, ReduceOp op) {
+  return std::string(dtype_name(dtype)) + "[" + std::to_string(count) + "] " + op_name(op);
+}
+
+void throw_mismatched_calls(const ProcessGroup& group, const std::vector<std::string>& calls) {
+  std::string text = "allreduce called differently on different ranks:";
+  for (int r = 0; r < group.size(); ++r) {
+    text += std::string(r ? ";" : "") + " rank " + std::to_string(group.world_rank_of(r)) + " had " + calls[r];
+  }
+  throw MismatchError(text + ". Every rank must reduce the same number of elements of the same dtype with the same "
+                             "op (and algorithm), in the same order");
+}
+
 Allreducer::Allreducer(const ProcessGroup& group) : group_(group.duplicate()) {}
 
 Allreducer::~Allreducer() = default;
@@ -50,15 +63,14 @@ void Allreducer::check_same_call(const AllreduceCall& call, Algorithm algorithm)
   bool same = true;
   for (int r = 0; r < group_->size(); ++r) same = same && std::memcmp(&all[4 * r], mine, sizeof mine) == 0;
   if (same) return;
-  std::string text = "allreduce called differently on different ranks:";
+  std::vector<std::string> calls;
   for (int r = 0; r < group_->size(); ++r) {
     const long long* d = &all[4 * r];
-    text += std::string(r ? ";" : "") + " rank " + std::to_string(group_->world_rank_of(r)) + " had " +
-            dtype_name(static_cast<DType>(d[1])) + "[" + std::to_string(d[0]) + "] " +
-            op_name(static_cast<ReduceOp>(d[2])) + " via " + algorithm_name(static_cast<Algorithm>(d[3]));
+    calls.push_back(describe_call(static_cast<std::size_t>(d[0]), static_cast<DType>(d[1]),
+                                  static_cast<ReduceOp>(d[2])) +
+                    " via " + algorithm_name(static_cast<Algorithm>(d[3])));
   }
-  throw MismatchError(text + ". Every rank must reduce the same number of elements of the same dtype with the same "
-                             "op and algorithm, in the same order");
+  throw_mismatched_calls(*group_, calls);
 }
 
 void Allreducer::run(const AllreduceCall& call, Algorithm algorithm, bool verified) {

@@ -63,6 +63,12 @@ void recursive_doubling_allreduce(ProcessGroup& group, const AllreduceCall& call
 void rabenseifner_allreduce(ProcessGroup& group, const AllreduceCall& call, std::vector<char>& scratch);
 void mpi_allreduce(ProcessGroup& group, const AllreduceCall& call);
 
+// What one rank called, as mismatch messages show it: "float32[10] sum".
+std::string describe_call(std::size_t count, DType dtype, ReduceOp op);
+// The MismatchError for ranks that called an allreduce differently;
+// `calls[r]` is describe_call() of group rank r, plus any detail.
+[[noreturn]] void throw_mismatched_calls(const ProcessGroup& group, const std::vector<std::string>& calls);
+
 // Splits `count` elements into `parts` contiguous ranges, the first
 // `count % parts` one element longer.
 struct Range {

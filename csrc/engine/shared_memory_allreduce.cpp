@@ -25,10 +25,6 @@ CallDescriptor* descriptor_slot(const SharedSegments& segments, int rank, std::u
   return reinterpret_cast<CallDescriptor*>(segments.notes(rank)) + call % 2;
 }
 
-std::string describe(int world_rank, const CallDescriptor& d) {
-  return "rank " + std::to_string(world_rank) + " had " + dtype_name(static_cast<DType>(d.dtype)) + "[" +
-         std::to_string(d.count) + "] " + op_name(static_cast<ReduceOp>(d.op));
-}
 
 }  // namespace
 
@@ -53,12 +49,13 @@ void SharedMemoryAllreduce::check_same_call() {
            theirs.op == mine.op;
   }
   if (same) return;
-  std::string text = "allreduce called differently on different ranks:";
+  std::vector<std::string> calls;
   for (int r = 0; r < group_.size(); ++r) {
-    text += std::string(r ? ";" : "") + " " + describe(group_.world_rank_of(r), *descriptor_slot(segments_, r, calls_));
+    const CallDescriptor& d = *descriptor_slot(segments_, r, calls_);
+    calls.push_back(tnt::describe_call(static_cast<std::size_t>(d.count), static_cast<DType>(d.dtype),
+                                  static_cast<ReduceOp>(d.op)));
   }
-  throw MismatchError(text + ". Every rank must reduce the same number of elements of the same dtype with the same "
-                             "op, in the same order");
+  throw_mismatched_calls(group_, calls);
 }
 
 void SharedMemoryAllreduce::run(const AllreduceCall& call) {
