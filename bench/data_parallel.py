@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+import importlib.util
+
 from bench.machine import describe_machine, describe_source
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,6 +52,15 @@ def _run(model, mode, ranks, args) -> dict:
     row = json.loads(lines[-1][len(TAG):])
     row.update(command=" ".join(command), started=started, load_average_1m=round(os.getloadavg()[0], 2))
     return row
+
+
+def _available_configs():
+    """CONFIGS less the optional peer that is not installed, with a line saying how to install it."""
+    if importlib.util.find_spec("tf_keras") is not None:
+        return CONFIGS
+    print('skipping the mwms rows: MultiWorkerMirroredStrategy needs Keras 2; install it with '
+          '`pip install --no-deps "tf-keras==2.21.*"`', flush=True)
+    return tuple((mode, ranks) for mode, ranks in CONFIGS if mode != "mwms")
 
 
 def _median_step(rows, model, mode, ranks, best_run=False):
@@ -107,10 +118,16 @@ def main(argv=None) -> int:
     args.micro_batch = {model: args.micro_batch for model in args.models}
     os.makedirs(args.out, exist_ok=True)
     rows = _read_runs(args.out) if args.summarize_only else []
+    configs = _available_configs()
     for repeat in range(0 if args.summarize_only else args.repeats):
         for model in args.models:
-            for mode, ranks in CONFIGS:
-                row = _run(model, mode, ranks, args)
+            for mode, ranks in configs:
+                try:
+                    row = _run(model, mode, ranks, args)
+                except (RuntimeError, subprocess.TimeoutExpired) as failure:
+                    # One configuration failing must not throw away the rows measured so far.
+                    print(f"{model} {mode} x{ranks}: not measured: {str(failure).splitlines()[0]}", flush=True)
+                    continue
                 row["repeat"] = repeat
                 rows.append(row)
                 print(f"{model:18} {mode:15} x{ranks}  median step {statistics.median(row['step_times_s']):.3f} s"
