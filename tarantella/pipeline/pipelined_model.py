@@ -37,6 +37,12 @@ __all__ = ["PipelinedModel"]
 logger = logging.getLogger("tarantella")
 
 
+def default_micro_batches(num_stages: int) -> int:
+    """4 micro-batches per stage: GPipe (Huang et al. 2019, sec. 2.2) finds the bubble negligible
+    from M >= 4 S on; the bubble's share is (S-1)/(M+S-1), i.e. 1/9 for S = 2."""
+    return 4 * num_stages
+
+
 class _Untracked:
     """Holds the user's whole model without Keras tracking it as a sub-layer of the stage."""
 
@@ -45,7 +51,7 @@ class _Untracked:
 
 
 class PipelinedModel(keras.Model):
-    def __init__(self, model: keras.Model, *, num_micro_batches: int, schedule: str = "1f1b",
+    def __init__(self, model: keras.Model, *, num_micro_batches: int | None = None, schedule: str = "1f1b",
                  num_pipeline_stages: int | None = None, data_parallel: bool = False, balance_by: str = "time",
                  name: str | None = None):
         runtime.init()
@@ -58,6 +64,8 @@ class PipelinedModel(keras.Model):
         stage_of_op, num_stages = choose_stages(model, graph, num_pipeline_stages, size, data_parallel, balance_by)
         placement = place(rank, size, num_stages, data_parallel)
         self.partition = partition(model, graph, stage_of_op, num_stages, build_stage=placement.stage)
+        if num_micro_batches is None:
+            num_micro_batches = default_micro_batches(num_stages)
         make_schedule(schedule, num_micro_batches, num_stages, 0)  # validates the name and count
         super().__init__(name=name or model.name)
         self.placement = placement

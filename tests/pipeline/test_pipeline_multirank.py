@@ -37,5 +37,6 @@ def test_bad_pipelines_fail_early_and_automatic_cuts_train_like_serial():
     result = run_ranks(2, os.path.join(PROGRAMS, "check_errors_and_auto_cut.py"), timeout=130, env=ENV).check()
     check_all_ranks(result, 2, ["stage count must divide the ranks", "inputs on the first stage",
                                 "splits and stage count agree", "automatic cut by time trains like serial",
-                                "automatic cut by parameters trains like serial", "done"])
+                                "automatic cut by parameters trains like serial",
+                                "default micro-batch count trains like serial", "done"])
     assert "automatic pipeline cut into 2 stages" in result.rank_stdout[0], result.describe()

@@ -58,4 +58,11 @@ for balance_by in ("time", "parameters"):
     for got, want in zip(model.get_weights(), serial.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     print(f"OK automatic cut by {balance_by} trains like serial", flush=True)
+# A new user's first try: tnt.Model with the PIPELINING strategy and no micro-batch count.
+model = tnt.Model(chain({1}), parallel_strategy=tnt.ParallelStrategy.PIPELINING)
+assert model.num_micro_batches == 8, model.num_micro_batches  # the documented default, 4 per stage
+model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+np.testing.assert_allclose(history["loss"], serial_history["loss"], rtol=1e-5)
+print("OK default micro-batch count trains like serial", flush=True)
 print("OK done", flush=True)
