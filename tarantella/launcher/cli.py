@@ -11,6 +11,11 @@ Recipes
   tarantella -n 4 -- train.py --epochs 2        4 ranks on this host
   tarantella --hostfile hosts -- train.py       on the listed hosts, each taking its
                                                 slots (1 if none given) ranks
+  tarantella -H node1:2,node2:2 -- train.py     2 ranks on each of two hosts
+  tarantella --hostfile hosts --network-interface ib0 -- train.py
+                                                MPI traffic over ib0 only
+  tarantella --hostfile hosts --launch-agent "ssh -p 2222" -- train.py
+                                                daemons started over ssh on port 2222
   tarantella --hostfile hosts --npernode 2 --pin-to-socket -- train.py
                                                 2 ranks per host, one per socket
   tarantella -n 2 --output-on-all-devices -- train.py
@@ -33,12 +38,22 @@ Placement
   -n N, no hostfile         N ranks on this host (Slurm: srun places them)
   --hostfile F              hosts from F, each taking --npernode ranks, or its slots;
                             n is their sum, or -n N fills the hosts in file order
+  -H h1:K1,h2:K2            the same hosts and slots on the command line (`h1` = `h1:1`)
   nothing                   1 rank (Slurm: SLURM_NTASKS ranks if set)
   Hostfile lines: `host`, `host slots=K` or `host:K`; `#` starts a comment.
 
 Flags (units and defaults)
   -n N                      number of ranks; default: see Placement
   --hostfile FILE           hosts to run on; default: this host
+  -H, --host HOST:N,...     hosts and their slots (mpirun --host / -hosts); not with
+                            --hostfile
+  --launch-agent CMD        how mpirun starts its daemon on another host: CMD HOST
+                            COMMAND must run COMMAND there; default: ssh. Open MPI:
+                            --mca plm_rsh_agent CMD; MPICH: -launcher-exec CMD
+  --network-interface X     the interface (ib0) or IPv4 subnet (10.1.0.0/16) MPI's TCP
+                            traffic uses; this host must have it. Open MPI: --mca
+                            btl_tcp_if_include X --mca oob_tcp_if_include X; MPICH:
+                            -iface X (names only); default: what the MPI chooses
   --npernode N              ranks per host (aliases --n-per-node, --devices-per-node);
                             default: each host's slots (no hostfile: n)
   -x KEY=VALUE              export KEY=VALUE to every rank; repeatable
@@ -106,6 +121,7 @@ from typing import Callable, Sequence
 from . import pinning
 from .hostfile import HostfileError
 from .launch_plan import PlanError, make_plan
+from .network import NetworkError
 from .local_host import LocalHost, probe_local_host
 from .mpi_detect import MpiLauncher, MpiNotFound, find_launcher
 from .mpirun_command import build_command, format_command
@@ -143,9 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-n", dest="nranks", type=int, metavar="N",
                         help="number of ranks (default: see Placement)")
     parser.add_argument("--hostfile", metavar="FILE", help="hosts to run on (default: this host)")
+    parser.add_argument("-H", "--host", dest="host_list", metavar="HOST:N,...",
+                        help="hosts and their rank counts, as a hostfile would give them "
+                             "(mpirun --host)")
     parser.add_argument("--npernode", "--n-per-node", "--devices-per-node", dest="npernode",
                         type=int, metavar="N",
                         help="ranks per host (default: each host's slots; no hostfile: n)")
+    parser.add_argument("--launch-agent", metavar="CMD",
+                        help="starts MPI's daemon on the other hosts instead of ssh "
+                             "(Open MPI --mca plm_rsh_agent, MPICH -launcher-exec)")
+    parser.add_argument("--network-interface", metavar="IF|SUBNET",
+                        help="network for MPI's traffic (Open MPI --mca btl_tcp_if_include "
+                             "and oob_tcp_if_include; MPICH -iface)")
     parser.add_argument("-x", dest="exports", action="append", default=[], metavar="KEY=VALUE",
                         help="export KEY=VALUE to every rank; repeatable")
     parser.add_argument("--pin-to-socket", action="store_true",
@@ -186,7 +211,7 @@ def main(argv: Sequence[str] | None = None, *, environ=None, launcher: MpiLaunch
         launcher = launcher or find_launcher(environ)
         plan = make_plan(args, environ, launcher.kind, probe_numa or pinning.probe_numa_nodes)
         command = build_command(plan, launcher, local_host or probe_local_host())
-    except (PlanError, HostfileError, SettingValueError, MpiNotFound,
+    except (PlanError, HostfileError, NetworkError, SettingValueError, MpiNotFound,
             pinning.PinningError) as error:
         return _fail(str(error))
     if args.dry_run:

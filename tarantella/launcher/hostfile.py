@@ -10,12 +10,15 @@ its number of slots (ranks it takes when --npernode is not given) as `slots=K`
 
 Each host may be listed once. A hostfile that is missing, unreadable or lists no
 host is an error.
+
+The same hosts may be given on the command line: `-H node001:4,node002:4` (a count
+of 1 may be left out: `-H node001,node002`).
 """
 from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Host", "HostfileError", "parse_hostfile", "read_hostfile"]
+__all__ = ["Host", "HostfileError", "parse_hostfile", "read_hostfile", "parse_host_list"]
 
 
 class HostfileError(ValueError):
@@ -32,6 +35,34 @@ def _slots(text: str, where: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise HostfileError(f"{where}: slots must be a whole number >= 1, got {text!r}")
     return int(text)
+
+
+def _check_new(name: str, seen: dict, where: str, first_seen: str) -> None:
+    if name in seen:
+        raise HostfileError(
+            f"{where}: host {name!r} is already listed {first_seen}{seen[name]}; list each host "
+            f"once and give it slots=K for several ranks")
+
+
+def parse_host_list(text: str) -> list[Host]:
+    """`-H host1:2,host2:2`: hosts with their rank counts (1 when left out)."""
+    hosts: list[Host] = []
+    seen: dict[str, int] = {}
+    for position, item in enumerate(text.split(","), start=1):
+        where = f"-H {text!r}"
+        name, sep, count = item.strip().rpartition(":")
+        if not sep:
+            name, count = item.strip(), None
+        if not name:
+            raise HostfileError(f"{where}: entry {position} ({item!r}) has no host name; "
+                                f"write -H host1:2,host2:2")
+        if count is not None and (not count.isdigit() or int(count) < 1):
+            raise HostfileError(f"{where}: the count of host {name!r} must be a whole number "
+                                f">= 1, got {count!r}; write -H {name}:2")
+        _check_new(name, seen, where, "as entry ")
+        seen[name] = position
+        hosts.append(Host(name, int(count) if count is not None else None))
+    return hosts
 
 
 def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
@@ -58,10 +89,7 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
                     f"{where}: unexpected {token!r}; expected 'host', 'host slots=K' or 'host:K'")
         if not name:
             raise HostfileError(f"{where}: no host name in {raw.strip()!r}")
-        if name in seen:
-            raise HostfileError(
-                f"{where}: host {name!r} is already listed on line {seen[name]}; list each host "
-                f"once and give it slots=K for several ranks")
+        _check_new(name, seen, where, "on line ")
         seen[name] = number
         hosts.append(Host(name, slots))
     if not hosts:

@@ -2,9 +2,10 @@
 MPI-specific spelling (mpirun_command.py turns it into a command line).
 
 Placement rules (see also the manual in cli.py):
-  --hostfile, no -n     every host takes --npernode ranks, or its slots (1 if not
+  --hostfile or -H, no -n
+                        every host takes --npernode ranks, or its slots (1 if not
                         given) when --npernode is absent; n is the sum
-  --hostfile and -n     hosts are filled in file order up to those numbers; asking
+  --hostfile/-H and -n  hosts are filled in file order up to those numbers; asking
                         for more ranks than they offer is an error
   -n, no hostfile       all ranks on this host (inside a Slurm allocation: srun
                         places them in the allocation)
@@ -23,8 +24,9 @@ from typing import Callable, Mapping
 from tarantella.config import load_config
 
 from . import pinning
-from .hostfile import read_hostfile
+from .hostfile import parse_host_list, read_hostfile
 from .mpi_detect import SLURM
+from .network import check_launch_agent, check_network_interface
 from .rank_wrapper import THREAD_VARIABLES
 from .setting_flags import resolve_setting_env
 
@@ -49,6 +51,8 @@ class LaunchPlan:
     errors_all: bool                    # --log-on-all-devices
     pin_prefixes: tuple[str, ...] = ()  # numactl prefix per local rank; () = no pinning
     threads_per_rank: int | None = None  # thread default when pinned (CPUs of one NUMA node)
+    launch_agent: str | None = None     # --launch-agent: starts MPI's daemons on other hosts
+    network_interface: str | None = None  # --network-interface: interface name or subnet
 
 
 def parse_exports(items: list[str]) -> dict[str, str]:
@@ -89,14 +93,18 @@ def _placement(args, environ: Mapping[str, str], launcher_kind: str):
         raise PlanError(f"-n must be at least 1, got {args.nranks}")
     if args.npernode is not None and args.npernode < 1:
         raise PlanError(f"--npernode must be at least 1, got {args.npernode}")
-    if args.hostfile is not None:
-        hosts = read_hostfile(args.hostfile)
+    if args.hostfile is not None and args.host_list is not None:
+        raise PlanError("--hostfile and -H both give the hosts; use one of them")
+    if args.hostfile is not None or args.host_list is not None:
+        hosts = read_hostfile(args.hostfile) if args.hostfile is not None \
+            else parse_host_list(args.host_list)
+        source = args.hostfile if args.hostfile is not None else f"-H {args.host_list}"
         capacity = [args.npernode or host.slots or 1 for host in hosts]
         nranks = sum(capacity) if args.nranks is None else args.nranks
         if nranks > sum(capacity):
             per = f"--npernode {args.npernode}" if args.npernode else "their slots"
             raise PlanError(
-                f"-n {nranks} asks for more ranks than the {len(hosts)} host(s) of {args.hostfile} "
+                f"-n {nranks} asks for more ranks than the {len(hosts)} host(s) of {source} "
                 f"offer with {per} ({sum(capacity)}); add hosts, raise --npernode or slots=K, "
                 f"or lower -n")
         placed, left = [], nranks
@@ -138,6 +146,10 @@ def make_plan(args, environ: Mapping[str, str], launcher_kind: str,
     if launcher_kind != SLURM and "OMPI_MCA_osc" not in environ and "OMPI_MCA_osc" not in exported:
         rank_env["OMPI_MCA_osc"] = "^ucx"
 
+    agent = check_launch_agent(args.launch_agent) if args.launch_agent is not None else None
+    interface = None if args.network_interface is None \
+        else check_network_interface(args.network_interface)
+
     prefixes, threads = (), None
     if args.pin_to_socket or args.pin_memory_to_socket:
         nodes = probe_numa()
@@ -149,4 +161,5 @@ def make_plan(args, environ: Mapping[str, str], launcher_kind: str,
     return LaunchPlan(nranks=nranks, hosts=hosts, npernode=args.npernode,
                       ranks_per_host=ranks_per_host, program=tuple(program), rank_env=rank_env,
                       output_all=config.output_on_all_devices, errors_all=config.log_on_all_devices,
-                      pin_prefixes=prefixes, threads_per_rank=threads)
+                      pin_prefixes=prefixes, threads_per_rank=threads,
+                      launch_agent=agent, network_interface=interface)

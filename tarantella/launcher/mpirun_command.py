@@ -14,6 +14,15 @@ Open MPI specifics
   --oversubscribe       when, without a hostfile, more ranks than physical cores are
                         asked for (Open MPI would refuse to start them otherwise);
                         with a hostfile each host gets exactly its ranks as slots
+  --mca plm_rsh_agent CMD                    from --launch-agent CMD (how mpirun starts
+                        its daemon on another host; Open MPI's default is ssh)
+  --mca btl_tcp_if_include X --mca oob_tcp_if_include X
+                        from --network-interface X (the ranks' TCP traffic and the
+                        daemons' control traffic stay on that interface or subnet)
+
+MPICH (hydra) specifics
+  -launcher-exec CMD    from --launch-agent CMD
+  -iface IF             from --network-interface IF (hydra takes interface names only)
 """
 from __future__ import annotations
 
@@ -21,7 +30,7 @@ import os
 import shlex
 import sys
 
-from .launch_plan import LaunchPlan
+from .launch_plan import LaunchPlan, PlanError
 from .local_host import LocalHost
 from .mpi_detect import MPICH, OPENMPI, SLURM, MpiLauncher
 
@@ -60,6 +69,11 @@ def _openmpi(plan: LaunchPlan, launcher: MpiLauncher, local: LocalHost) -> list[
         command += ["--host", _host_list(plan)]
         if plan.npernode:
             command += ["--map-by", f"ppr:{plan.npernode}:node"]
+    if plan.launch_agent:
+        command += ["--mca", "plm_rsh_agent", plan.launch_agent]
+    if plan.network_interface:
+        command += ["--mca", "btl_tcp_if_include", plan.network_interface,
+                    "--mca", "oob_tcp_if_include", plan.network_interface]
     for name, value in plan.rank_env.items():
         command += ["-x", f"{name}={value}"]
     return command
@@ -71,6 +85,13 @@ def _mpich(plan: LaunchPlan, launcher: MpiLauncher) -> list[str]:
         command += ["-hosts", _host_list(plan)]
         if plan.npernode:
             command += ["-ppn", str(plan.npernode)]
+    if plan.launch_agent:
+        command += ["-launcher-exec", plan.launch_agent]
+    if plan.network_interface:
+        if "/" in plan.network_interface:
+            raise PlanError(f"--network-interface {plan.network_interface}: MPICH's mpiexec "
+                            f"takes an interface name (-iface), not a subnet; give the name")
+        command += ["-iface", plan.network_interface]
     for name, value in plan.rank_env.items():
         command += ["-genv", name, value]
     return command

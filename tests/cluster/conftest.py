@@ -1,0 +1,1 @@
+from tests.cluster.netns_fixture import netns_cluster  # noqa: F401  (the fixture)
