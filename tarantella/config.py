@@ -82,6 +82,10 @@ SETTINGS: tuple[Setting, ...] = (
             _parse_positive_float, "s",
             "a collective that waits longer than this for other ranks raises an error "
             "naming the ranks not heard from"),
+    Setting("launch_timeout_seconds", "TNT_LAUNCH_TIMEOUT_SECONDS", "--launch-timeout", 20.0,
+            _parse_positive_float, "s",
+            "the launcher stops a job (exit code 2, naming the hosts) when not every rank has "
+            "started this long after mpirun (unreachable host, failing --launch-agent)"),
     Setting("stall_warning_seconds", "TNT_STALL_WARNING_SECONDS", "--stall-warning", 60.0,
             _parse_positive_float, "s",
             "a collective that waits longer than this logs a warning naming the missing ranks"),
@@ -108,6 +112,7 @@ _BY_ENV = {setting.env: setting for setting in SETTINGS}
 class Config:
     fusion_threshold_kb: int
     timeout_seconds: float
+    launch_timeout_seconds: float
     stall_warning_seconds: float
     allreduce_algorithm: str
     log_level: str

@@ -119,7 +119,10 @@ import sys
 from typing import Callable, Sequence
 
 from . import pinning
+from tarantella.config import load_config
+
 from .hostfile import HostfileError
+from .launch_check import LaunchProgress
 from .launch_plan import PlanError, make_plan
 from .network import NetworkError
 from .local_host import LocalHost, probe_local_host
@@ -220,4 +223,7 @@ def main(argv: Sequence[str] | None = None, *, environ=None, launcher: MpiLaunch
     if plan.rank_env.get("TNT_LOG_LEVEL") in ("DEBUG", "INFO"):
         print(f"tarantella: {launcher.version}; running: {format_command(command)}",
               file=sys.stderr, flush=True)
-    return run_job(command)
+    progress = LaunchProgress(plan.nranks, plan.hosts, plan.launch_agent)
+    return run_job(command, launch=progress,
+                   launch_timeout=load_config(plan.rank_env).launch_timeout_seconds,
+                   verbose=plan.rank_env.get("TNT_LOG_LEVEL") in ("DEBUG", "INFO"))

@@ -8,7 +8,14 @@ it starts this file on every rank, which then starts the program as its child:
 Per rank, it
   * sets the default thread counts (OMP_NUM_THREADS, TF_NUM_INTRAOP_THREADS,
     TF_NUM_INTEROP_THREADS) that are not already in the environment
-    (Note [Thread defaults]);
+    (Note [Start records]
+  The first thing a wrapper writes to its stderr is one line: START_RECORD_MARKER
+  and {"rank", "host"}. The launcher's supervisor counts them: a job whose mpirun
+  ends, or that runs longer than the launch timeout, before every rank announced
+  itself could not start on some host (an unreachable host, a failing launch
+  agent, a wrong network), and is reported as such, naming the hosts (launch_check.py).
+
+Note [Thread defaults]);
   * puts the numactl prefix of its local rank in front of the program when the
     launcher asked for pinning (--local-rank-prefix, one per local rank);
   * shows, silences or prefixes the program's output (Note [Which output is shown]);
@@ -44,6 +51,13 @@ Note [Exit records]
   after this wrapper forwarded it a terminating signal (the MPI stopping the job
   because another rank failed, or the user pressing Ctrl-C) or lost its parent.
 
+Note [Start records]
+  The first thing a wrapper writes to its stderr is one line: START_RECORD_MARKER
+  and {"rank", "host"}. The launcher's supervisor counts them: a job whose mpirun
+  ends, or that runs longer than the launch timeout, before every rank announced
+  itself could not start on some host (an unreachable host, a failing launch
+  agent, a wrong network), and is reported as such, naming the hosts (launch_check.py).
+
 Note [Thread defaults]
   Each rank gets its share of the CPUs it may run on: the CPUs of its affinity
   mask divided by the ranks on its node (at least 1). With pinning, the launcher
@@ -70,6 +84,7 @@ import threading
 import time
 
 EXIT_RECORD_MARKER = "@@tarantella-rank-exit@@ "
+START_RECORD_MARKER = "@@tarantella-rank-start@@ "
 STDERR_TAIL_LINES = 40
 STDERR_TAIL_CHARS = 3000
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
@@ -135,7 +150,14 @@ def rank_identity(environ) -> RankIdentity:
 
 def thread_defaults(environ, cpus: int, ranks_sharing: int | None,
                     threads_per_rank: int | None = None) -> dict[str, str]:
-    """The thread variables to add; see Note [Thread defaults]."""
+    """The thread variables to add; see Note [Start records]
+  The first thing a wrapper writes to its stderr is one line: START_RECORD_MARKER
+  and {"rank", "host"}. The launcher's supervisor counts them: a job whose mpirun
+  ends, or that runs longer than the launch timeout, before every rank announced
+  itself could not start on some host (an unreachable host, a failing launch
+  agent, a wrong network), and is reported as such, naming the hosts (launch_check.py).
+
+Note [Thread defaults]."""
     if threads_per_rank is None:
         threads_per_rank = cpus // max(1, ranks_sharing or 1)
     threads = max(1, threads_per_rank)
@@ -162,6 +184,22 @@ class _PinningError(Exception):
 
 def encode_exit_record(record: dict) -> bytes:
     return (EXIT_RECORD_MARKER + json.dumps(record, separators=(",", ":")) + "\n").encode()
+
+
+def encode_start_record(rank: int, host: str) -> bytes:
+    """The line announcing that a rank's wrapper runs (Note [Start records])."""
+    return (START_RECORD_MARKER + json.dumps({"rank": rank, "host": host},
+                                             separators=(",", ":")) + "\n").encode()
+
+
+def decode_start_record(text: str) -> dict | None:
+    if not text.startswith(START_RECORD_MARKER):
+        return None
+    try:
+        record = json.loads(text[len(START_RECORD_MARKER):])
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("rank"), int) else None
 
 
 def decode_exit_record(text: str) -> dict | None:
@@ -273,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     me = rank_identity(os.environ)
     host = socket.gethostname()
+    _write_all(2, encode_start_record(me.rank, host))
     is_master = me.rank == 0
     show_stdout = is_master or args.output == "all"
     show_stderr = is_master or args.output == "all" or args.errors == "all"

@@ -14,26 +14,34 @@ How a failure is found and reported:
      root cause arrived, the supervisor stops it: SIGTERM to mpirun, SIGKILL
      KILL_AFTER_SECONDS later (wrappers whose mpirun is gone stop their program
      within a second).
-  4. When the job has ended, the report is printed (root cause first: rank, host,
+  4. A launch that fails before every rank started (a host that cannot be
+     reached, a failing launch agent) is reported in one line naming the host,
+     with exit code 2 (launch_check.py); so is a launch not complete within the
+     launch timeout, after which the job is stopped.
+  5. When the job has ended, the report is printed (root cause first: rank, host,
      exit code or signal, the last lines of its stderr; then the other ranks), and
      the launcher exits with the root cause's exit code: the code the program
      exited with, or 128 + N for a program killed by signal N.
 """
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
 
-from .rank_wrapper import EXIT_RECORD_MARKER, decode_exit_record
+from .launch_check import LAUNCH_FAILED, LaunchProgress
+from .rank_wrapper import (EXIT_RECORD_MARKER, START_RECORD_MARKER, decode_exit_record,
+                           decode_start_record)
 
 __all__ = ["run_job", "describe_end", "failure_report", "GRACE_SECONDS"]
 
 GRACE_SECONDS = 10.0
 KILL_AFTER_SECONDS = 5.0
 _MARKER = EXIT_RECORD_MARKER.encode()
+_START_MARKER = START_RECORD_MARKER.encode()
 _LISTED = 8
 _POLL_SECONDS = 1.0  # how soon a signal to the launcher is acted on
 
@@ -85,45 +93,140 @@ def failure_report(first: dict, records: list[dict]) -> str:
 class _StderrWatcher(threading.Thread):
     """Reads mpirun's stderr: passes output through, collects exit records."""
 
-    def __init__(self, pipe, on_first_failure):
+    def __init__(self, pipe, on_first_failure, launch: LaunchProgress | None = None,
+                 verbose: bool = False):
         super().__init__(daemon=True)
         self.pipe = pipe
+        self.launch = launch
+        self.verbose = verbose  # held-back output of a failed launch is shown too
+        self.lock = threading.Lock()
         self.records: list[dict] = []
         self.first_failure: dict | None = None
         self._on_first_failure = on_first_failure
         self._at_line_start = True
 
     def _write(self, data: bytes) -> None:
-        if not data:
-            return
-        self._at_line_start = data.endswith(b"\n")
-        try:
-            sys.stderr.flush()
-            sys.stderr.buffer.write(data)
-            sys.stderr.buffer.flush()
-        except (AttributeError, ValueError):  # a stderr without a buffer (captured in tests)
-            sys.stderr.write(data.decode("utf-8", "replace"))
-            sys.stderr.flush()
-        except BrokenPipeError:
-            pass
+        if data:
+            self._at_line_start = data.endswith(b"\n")
+            _emit(sys.stderr, data)
+
+    def _release_locked(self) -> None:
+        held = self.launch.release()
+        _emit(sys.stdout, held["out"])
+        self._write(held["err"])
+
+    def passes(self, data: bytes, stream: str) -> None:
+        """Output of mpirun and the ranks: held back while the launch is under way."""
+        with self.lock:
+            if self.launch is not None and self.first_failure is None and \
+                    self.launch.hold(data, stream):
+                return
+            if self.launch is not None:
+                self._release_locked()
+            if stream == "err":
+                self._write(data)
+            else:
+                _emit(sys.stdout, data)
+
+    def _pass(self, data: bytes) -> None:
+        self.passes(data, "err")
+
+    def _start_record(self, line: bytes) -> bool:
+        at = line.find(_START_MARKER)
+        record = decode_start_record(line[at:].decode("utf-8", "replace").rstrip("\n")) \
+            if at >= 0 else None
+        if record is None:
+            return False
+        if at > 0:
+            self._pass(line[:at])
+        if self.launch is not None:
+            with self.lock:
+                self.launch.rank_started(record)
+                if self.launch.complete:
+                    self._release_locked()
+        return True
+
+    def release_held(self) -> None:
+        if self.launch is not None:
+            with self.lock:
+                self._release_locked()
 
     def run(self) -> None:
         for line in iter(self.pipe.readline, b""):
+            if self._start_record(line):
+                continue
             at = line.find(_MARKER)
             record = decode_exit_record(line[at:].decode("utf-8", "replace").rstrip("\n")) \
                 if at >= 0 else None
             if record is None:
-                self._write(line)
+                self._pass(line)
                 continue
             if at > 0:
-                self._write(line[:at])  # another rank's unfinished line; it continues later
+                self._pass(line[:at])  # another rank's unfinished line; it continues later
             self.records.append(record)
             if record.get("cause") == "failed" and self.first_failure is None:
                 self.first_failure = record
+                self.release_held()
                 notice = f"tarantella: {_where(record)} {describe_end(record)}; stopping the job\n"
                 self._write((b"" if self._at_line_start else b"\n") + notice.encode())
                 self._on_first_failure(record)
         self.pipe.close()
+
+
+def _emit(stream, data: bytes) -> None:
+    if not data:
+        return
+    try:
+        stream.flush()
+        stream.buffer.write(data)
+        stream.buffer.flush()
+    except (AttributeError, ValueError):  # a stream without a buffer (captured in tests)
+        stream.write(data.decode("utf-8", "replace"))
+        stream.flush()
+    except BrokenPipeError:
+        pass
+
+
+def _pump_stdout(pipe, watcher: _StderrWatcher) -> None:
+    """mpirun's stdout, passed on as it comes (held back while the launch is under way)."""
+    while True:
+        data = os.read(pipe.fileno(), 1 << 16)
+        if not data:
+            break
+        watcher.passes(data, "out")
+    pipe.close()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Processes below pid (Linux /proc), children first found first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def _stop_launch(process: subprocess.Popen, kill_after: float) -> None:
+    """Stops a launch that is stuck: mpirun and everything it started here (its launch
+    agents run in process groups of their own, and mpirun does not stop them)."""
+    below = _descendants(process.pid)
+    _stop(process, kill_after)
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _stop(process: subprocess.Popen, kill_after: float) -> None:
@@ -137,8 +240,11 @@ def _stop(process: subprocess.Popen, kill_after: float) -> None:
 
 
 def run_job(argv: list[str], *, env: dict | None = None, grace_seconds: float = GRACE_SECONDS,
-            kill_after_seconds: float = KILL_AFTER_SECONDS) -> int:
-    """Runs argv to its end and returns the job's exit code (see the module docstring)."""
+            kill_after_seconds: float = KILL_AFTER_SECONDS, launch: LaunchProgress | None = None,
+            launch_timeout: float | None = None, verbose: bool = False) -> int:
+    """Runs argv to its end and returns the job's exit code (see the module docstring).
+    With `launch`, a launch that fails or takes longer than launch_timeout seconds ends
+    with one line and exit code 2 (launch_check.py)."""
     wake = threading.Event()
     failed_at: list[float] = []
     interrupted: list[int] = []
@@ -148,12 +254,20 @@ def run_job(argv: list[str], *, env: dict | None = None, grace_seconds: float = 
         wake.set()
 
     try:
-        process = subprocess.Popen(argv, stderr=subprocess.PIPE, env=env)
+        process = subprocess.Popen(argv, stderr=subprocess.PIPE, env=env,
+                                   stdout=subprocess.PIPE if launch is not None else None)
     except OSError as error:
         print(f"tarantella: error: cannot start {argv[0]!r}: {error.strerror}", file=sys.stderr)
         return 127
-    watcher = _StderrWatcher(process.stderr, on_first_failure)
+    started_at = time.monotonic()
+    launch_timed_out = False
+    watcher = _StderrWatcher(process.stderr, on_first_failure, launch, verbose)
     watcher.start()
+    stdout_pump = None
+    if process.stdout is not None:
+        stdout_pump = threading.Thread(target=_pump_stdout, args=(process.stdout, watcher),
+                                       daemon=True)
+        stdout_pump.start()
     threading.Thread(target=lambda: (process.wait(), wake.set()), daemon=True).start()
 
     previous = {}
@@ -180,14 +294,29 @@ def run_job(argv: list[str], *, env: dict | None = None, grace_seconds: float = 
             if deadline is not None and time.monotonic() >= deadline and process.poll() is None:
                 forced = True
                 _stop(process, kill_after_seconds)
+            if launch is not None and launch_timeout is not None and not launch.complete and \
+                    watcher.first_failure is None and stop_asked_at is None and \
+                    time.monotonic() - started_at > launch_timeout:
+                launch_timed_out = True
+                _stop_launch(process, min(2.0, kill_after_seconds))
         process.wait()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     watcher.join(timeout=5.0)
+    if stdout_pump is not None:
+        stdout_pump.join(timeout=5.0)
 
     returncode = process.returncode if process.returncode >= 0 else 128 - process.returncode
     first = watcher.first_failure
+    if launch is not None and first is None and not interrupted and not launch.complete and \
+            (launch_timed_out or returncode != 0):
+        if verbose:
+            watcher.release_held()
+        print(launch.failure(None if launch_timed_out else returncode, launch_timeout),
+              file=sys.stderr, flush=True)
+        return LAUNCH_FAILED
+    watcher.release_held()
     if forced and first is not None:
         print(f"tarantella: the MPI had not ended the job {grace_seconds:g} s after "
               f"{_where(first)} failed; the launcher stopped it", file=sys.stderr)

@@ -7,8 +7,9 @@ import pytest
 
 from tarantella.launcher.mpirun_command import WRAPPER_PATH
 from tarantella.launcher.rank_wrapper import (EXIT_RECORD_MARKER, INTEROP_THREADS,
-                                              decode_exit_record, encode_exit_record,
-                                              rank_identity, thread_defaults)
+                                              decode_exit_record, decode_start_record,
+                                              encode_exit_record, rank_identity,
+                                              thread_defaults)
 
 
 @pytest.mark.parametrize("environ, expected", [
@@ -52,8 +53,18 @@ def test_exit_record_round_trip():
 def _wrap(program_code, rank, options=(), size=2):
     env = {**os.environ, "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(size)}
-    return subprocess.run([sys.executable, WRAPPER_PATH, *options, "--", sys.executable, "-c",
+    done = subprocess.run([sys.executable, WRAPPER_PATH, *options, "--", sys.executable, "-c",
                            program_code], capture_output=True, text=True, env=env, timeout=60)
+    return _without_start_record(done, rank)
+
+
+def _without_start_record(done, rank):
+    """The wrapper's first stderr line announces the rank (Note [Start records])."""
+    first, _, rest = done.stderr.partition("\n")
+    record = decode_start_record(first)
+    assert record is not None and record["rank"] == rank and record["host"], done.stderr
+    done.stderr = rest
+    return done
 
 
 def test_master_is_heard_others_are_silent():
@@ -90,6 +101,7 @@ def test_a_killed_program_ends_the_wrapper_with_the_same_signal():
 def test_a_missing_program_is_reported():
     done = subprocess.run([sys.executable, WRAPPER_PATH, "--", "/nonexistent/program"],
                           capture_output=True, text=True, timeout=60)
+    done = _without_start_record(done, 0)
     assert done.returncode == 127
     assert "cannot run '/nonexistent/program'" in done.stderr
     assert decode_exit_record(done.stderr.splitlines()[-1])["exit_code"] == 127

@@ -1,0 +1,49 @@
+"""Jobs across hosts of a namespace cluster (tests/cluster/netns_fixture.py): the world,
+the engine's view of the nodes, and a training step equal on every rank."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.multirank import run_ranks
+
+PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
+ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+
+
+def rank_results(run) -> dict[int, dict]:
+    found = {}
+    for rank, text in run.rank_stdout.items():
+        for line in text.splitlines():
+            if line.startswith("RESULT "):
+                found[rank] = json.loads(line[len("RESULT "):])
+    return found
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("hosts,slots", [(2, 1), (2, 2)])
+def test_a_job_spans_the_hosts_and_trains_alike_on_all(netns_cluster, hosts, slots):
+    cluster = netns_cluster(hosts=hosts, slots=slots)
+    n = hosts * slots
+    run = run_ranks(n, os.path.join(PROGRAMS, "multi_host_step.py"),
+                    launcher_args=cluster.launcher_args(), env=ENV, timeout=200).check()
+    found = rank_results(run)
+    assert sorted(found) == list(range(n)), run.describe()
+    for rank, values in found.items():
+        # block placement: ranks fill the hostfile's hosts in order
+        assert values["host"] == cluster.hosts[rank // slots], values
+        assert values["size"] == n
+        assert values["on_one_node"] is False
+        assert values["mpi_local_rank"] == rank % slots and values["mpi_local_size"] == slots
+        if "node_count" in values:
+            assert values["node_count"] == hosts
+            assert values["local_rank"] == rank % slots and values["local_size"] == slots
+        assert values["allreduce_ok"], values
+        assert values["weights_changed"]
+        assert values["serial_difference"] < 1e-5, values
+    assert len({values["weights_sha256"] for values in found.values()}) == 1, found
+    assert len({values["loss"] for values in found.values()}) == 1, found
+    assert cluster.wait_until_clean(10) == {}
