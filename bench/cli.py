@@ -1,14 +1,19 @@
 r"""tnt-bench: MLPerf-style scaling benchmarks for tarantella, with results, plots and simulation.
 
     tnt-bench scaling --model resnet50_small --devices 1..2 --steps 10 --out results/r50
+    tnt-bench scaling --model resnet50 --devices 1..96   (measures what fits here, simulates
+        the rest on --cluster, default supermuc_ng: one runs.csv, one plot, both marked)
     tnt-bench scaling --model resnet50 --devices 1..96 --simulate --cluster hpc_da \
         --model-profile results/r50/profile.json --out results/r50_hpc_da
     tnt-bench scaling --model resnet50_small --devices 1,2,4 --oversubscribe \
         --cluster this_machine --out results/r50_validate     (measure and predict: validation.csv)
     tnt-bench plot results/r50 results/r50_keras --out results/compare
     tnt-bench train --benchmark mini_digits -n 2
-    tnt-bench validate results/r50_validate --cluster this_machine   (predict again, no runs)
-    tnt-bench calibrate -n 2          (fit a profile's [intra_node] to the engine's allreduce)
+    tnt-bench validate results/r50_validate --cluster this_machine   (2 and 4 ranks predicted
+        from the 1-rank data only: validation.csv/.json with the profile and its hash)
+    tnt-bench validate --published horovod --out results/validation/horovod
+        (Horovod's published efficiencies, predicted from its hardware's published facts)
+    tnt-bench calibrate               (this machine's memory bandwidth, one process)
     tnt-bench allreduce --ranks 2,4   (the engine's algorithms against MPI_Allreduce)
 
 Devices: a range A..B (powers of two between, plus both ends), a list 1,2,6,12, or one
@@ -64,10 +69,13 @@ def _add_scaling(commands):
     parser.add_argument("--oversubscribe", action="store_true",
                         help="allow more ranks than cores on this machine (rows marked oversubscribed)")
     parser.add_argument("--simulate", action="store_true",
-                        help="predict the sweep on --cluster instead of running it")
-    parser.add_argument("--cluster", help="cluster profile: a TOML file or hpc_da, supermuc_ng, "
-                                          "this_machine; without --simulate: also predict the measured "
-                                          "counts and write validation.csv")
+                        help="predict the whole sweep on --cluster instead of running it")
+    parser.add_argument("--cluster", help="cluster profile: a TOML file or a shipped one (hpc_da, "
+                                          "supermuc_ng, this_machine, horovod_pascal_roce; hpc-da or "
+                                          "HPC-DA work too). Counts beyond this machine (or the "
+                                          "hostfile) are simulated on it, default supermuc_ng; with "
+                                          "counts that all run here, it also predicts them "
+                                          "(validation.csv)")
     parser.add_argument("--model-profile", help="profile.json of an earlier sweep to simulate from "
                                                 "(default: measure the 1-device profile now)")
     parser.add_argument("--out", help="result directory (default results/<model>_<framework>)")
@@ -98,15 +106,21 @@ def _add_train(commands):
 
 
 def _add_validate(commands):
-    parser = commands.add_parser("validate", help="predict a measured sweep's counts again and "
-                                                  "rewrite its validation.csv")
-    parser.add_argument("directory", help="a measured sweep directory (runs.csv, profile.json)")
+    parser = commands.add_parser("validate", help="predict measured or published results out of sample "
+                                                  "and write the error per point")
+    parser.add_argument("directory", nargs="?",
+                        help="a measured sweep directory (runs.csv, profile.json, a 1-device run): "
+                             "its counts predicted from its 1-rank data only")
     parser.add_argument("--cluster", default="this_machine", help="cluster profile (default this_machine)")
+    parser.add_argument("--published", help="instead of a directory: published results of another "
+                                            "system (horovod)")
+    parser.add_argument("--out", help="with --published: where to write (default results/validation/NAME)")
 
 
 def _add_calibrate(commands):
-    parser = commands.add_parser("calibrate", help="fit a cluster profile's link to the engine's allreduce")
-    parser.add_argument("-n", "--devices", type=_positive_int, default=2)
+    parser = commands.add_parser("calibrate", help="measure this machine's memory bandwidth (1 process) "
+                                                   "for its cluster profile; -n 2: fit the allreduce")
+    parser.add_argument("-n", "--devices", type=_positive_int, default=1)
     parser.add_argument("--max-bytes", type=_positive_int, default=64 << 20)
 
 
@@ -184,6 +198,31 @@ def _train(args, argv) -> int:
     return run_training(args, "tnt-bench " + shlex.join(argv))
 
 
+def _validate(args, command) -> int:
+    if args.published:
+        if args.directory:
+            raise BenchUsageError("give a sweep directory or --published NAME, not both")
+        from bench.validation.published import validate_published
+        out = args.out or f"results/validation/{args.published}"
+        points = validate_published(args.published, out, command)
+        print(f"{'model':>14} {'devices':>7} {'published':>9} {'predicted':>9} {'error':>8}")
+        for p in points:
+            print(f"{p['model']:>14} {p['devices']:>7} {p['published_efficiency']:>9.1%} "
+                  f"{p['predicted_efficiency']:>9.1%} {p['error_points']:>+7.1f}pt")
+        print(f"tnt-bench: wrote validation.csv, validation.json to {out}")
+        return 0
+    if not args.directory:
+        raise BenchUsageError("validate needs a measured sweep directory or --published NAME")
+    from bench.sweep.revalidate import revalidate
+    summary = revalidate(args.directory, args.cluster, command)
+    _print_points(summary)
+    print(f"{'devices':>7} {'role':>12} {'measured s':>10} {'predicted s':>11} {'error':>8}")
+    for p in summary["validation"]:
+        print(f"{p['devices']:>7} {p['role']:>12} {p['measured_step_s']:>10.4f} {p['predicted_step_s']:>11.4f} "
+              f"{p['relative_error']:>+8.1%}")
+    return 0
+
+
 def _calibrate(args) -> int:
     from bench.simulate.calibrate import run_calibration
     print(run_calibration(args.devices, args.max_bytes))
@@ -201,10 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train":
             return _train(args, argv)
         if args.command == "validate":
-            from bench.sweep.revalidate import revalidate
-            summary = revalidate(args.directory, args.cluster, "tnt-bench " + shlex.join(argv))
-            _print_points(summary)
-            return 0
+            return _validate(args, "tnt-bench " + shlex.join(argv))
         if args.command == "calibrate":
             return _calibrate(args)
         if args.command == "allreduce":

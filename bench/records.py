@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 
-__all__ = ["RUN_COLUMNS", "derive_figures", "write_runs", "read_runs", "write_summary",
+__all__ = ["RUN_COLUMNS", "derive_figures", "kind_of", "write_runs", "read_runs", "write_summary",
            "read_summary"]
 
 RUN_COLUMNS = [
@@ -20,28 +20,36 @@ RUN_COLUMNS = [
     "cluster", "oversubscribed", "micro_batch", "global_batch", "scaling", "data",
     "warmup_steps", "steps", "step_time_median_s", "step_time_mean_s", "step_time_min_s",
     "step_time_max_s", "step_time_std_s", "step_times_s", "throughput", "throughput_unit",
-    "epoch_examples", "epoch_time_s", "epoch_time_min", "speedup", "efficiency",
+    "epoch_examples", "epoch_time_s", "epoch_time_min", "speedup", "efficiency", "speedup_baseline",
     "threads_per_rank", "parameters", "final_loss", "timestamp", "hostname", "cpu_model",
     "cpus", "physical_cores", "memory_gib", "os", "load_average_1m", "git_commit", "git_dirty", "python",
     "tensorflow", "keras", "tarantella", "numpy", "mpi", "command",
 ]
 
 
-def derive_figures(rows: list[dict]) -> list[dict]:
-    """Fill throughput, epoch time, speedup and efficiency, per (framework, simulated, cluster).
+def derive_figures(rows: list[dict], baselines: dict | None = None) -> list[dict]:
+    """Fill speedup, efficiency and speedup_baseline, per (model, framework, simulated, cluster).
 
-    Speedup is the 1-device epoch time over this row's; rows with no 1-device run of
-    their own kind get none (NaN), rather than one against a different baseline.
+    Speedup is a 1-device epoch time over this row's: the kind's own 1-device row, else
+    `baselines[kind(row)] = (epoch_time_s, label)` (a 1-device figure measured by the
+    profile run or simulated on the same cluster); a kind with neither gets NaN.
     """
-    baselines = {}
+    found = dict(baselines or {})
     for row in rows:
         if row["devices"] == 1:
-            baselines[_kind(row)] = row["epoch_time_s"]
+            found[_kind(row)] = (row["epoch_time_s"], "simulated 1 device" if row["simulated"]
+                                 else "measured 1 device")
     for row in rows:
-        base = baselines.get(_kind(row))
+        base, label = found.get(_kind(row), (None, ""))
         row["speedup"] = base / row["epoch_time_s"] if base else float("nan")
         row["efficiency"] = row["speedup"] / row["devices"] if base else float("nan")
+        row["speedup_baseline"] = label
     return rows
+
+
+def kind_of(row: dict) -> tuple:
+    """The series a row belongs to: (model, framework, simulated, cluster)."""
+    return _kind(row)
 
 
 def _kind(row):

@@ -150,6 +150,7 @@ def _measure_profile(entry, keras_model, args, step_times):
             "forward_s": phases["forward_s"], "backward_s": phases["backward_s"],
             "update_s": update_s, "per_example_s": per_example_s,
             "fixed_s": max(step_s - per_example_s * batch, 0.0), "phases": phases,
+            "step_times_s": list(step_times),  # their spread: the stragglers of a simulation
             "gradients": gradient_timeline(keras_model, one_inputs),
             "threads": int(os.environ.get("TF_NUM_INTRAOP_THREADS", "0") or 0) or os.cpu_count(),
             "host": socket.gethostname()}

@@ -11,19 +11,27 @@ places them.
     rabenseifner        fold, k halving steps (n/2, n/4, ...), k doubling steps, unfold
     shared_memory       rounds of 1 MiB: stage (p-1)/p, reduce own 1/p from p inputs,
                         gather (p-1)/p; 3 synchronisations per round (one node only)
-    auto                the engine's choice: shared_memory on one node, else
-                        recursive_doubling below 64 KiB, else rabenseifner for 2^k ranks,
-                        else ring
+    hierarchical        the node's ranks reduce in shared memory, one leader per node
+                        allreduces across nodes (flat auto choice among the leaders, one
+                        transfer per network interface), the leaders broadcast on the node
+    auto                the engine's choice (csrc/engine/allreduce.cpp Allreducer::choose):
+                        shared_memory on one node; hierarchical for groups spanning several
+                        nodes with more than one rank per node; else recursive_doubling
+                        below 64 KiB, rabenseifner for 2^k ranks, ring otherwise
+
+Memory: copies and the summation of ranks on one node draw on the node's memory
+bandwidth, so each runs at most at the rank's share of it (cluster.rank_memory_Bps).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from bench.simulate.cluster_profile import ClusterProfile
 
 __all__ = ["ALGORITHMS", "choose_algorithm", "allreduce_time"]
 
-ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "shared_memory")
+ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "shared_memory", "hierarchical")
 _SMALL_MESSAGE_BYTES = 64 * 1024      # allreduce.cpp kSmallMessageBytes
 _SLOT_BYTES = 1 << 20                 # shared_memory_allreduce.hpp kSlotBytes
 
@@ -35,6 +43,12 @@ def _nodes(ranks: int, cluster: ClusterProfile) -> int:
 def choose_algorithm(nbytes: int, ranks: int, cluster: ClusterProfile) -> str:
     if _nodes(ranks, cluster) == 1:
         return "shared_memory"
+    if cluster.ranks_on_node(ranks) > 1:
+        return "hierarchical"
+    return _flat_choice(nbytes, ranks)
+
+
+def _flat_choice(nbytes: int, ranks: int) -> str:
     if nbytes < _SMALL_MESSAGE_BYTES:
         return "recursive_doubling"
     return "rabenseifner" if ranks & (ranks - 1) == 0 else "ring"
@@ -55,7 +69,12 @@ def _step_time(pairs, nbytes: float, cluster: ClusterProfile, reduce: bool) -> f
             slowest = max(slowest, cluster.inter.time(nbytes, leaving[sender // dpn]))
         else:
             slowest = max(slowest, cluster.intra.time(nbytes))
-    return slowest + (nbytes / cluster.reduce_Bps if reduce else 0.0)
+    return slowest + (nbytes / _reduce_Bps(cluster, len(pairs)) if reduce else 0.0)
+
+
+def _reduce_Bps(cluster: ClusterProfile, ranks: int) -> float:
+    """The summation kernel, at most at the rank's share of its node's memory bandwidth."""
+    return min(cluster.reduce_Bps, cluster.rank_memory_Bps(cluster.ranks_on_node(ranks)))
 
 
 def _fold(ranks: int):
@@ -76,7 +95,7 @@ def _butterfly(nbytes, ranks, cluster, halving: bool):
     core, group_rank, fold_pairs = _fold(ranks)
     total = 2 * _step_time(fold_pairs, nbytes, cluster, False) if fold_pairs else 0.0
     if fold_pairs:
-        total += nbytes / cluster.reduce_Bps
+        total += nbytes / _reduce_Bps(cluster, ranks)
     masks = []
     mask = 1
     while mask < core:
@@ -101,8 +120,19 @@ def _butterfly(nbytes, ranks, cluster, halving: bool):
 def _shared_memory(nbytes, ranks, cluster):
     rounds = max(1, math.ceil(nbytes / _SLOT_BYTES))
     copied = nbytes * (2 * (ranks - 1) / ranks + 1 / ranks)
-    return (3 * rounds * cluster.intra.latency_s + copied / cluster.intra.bandwidth_Bps
-            + nbytes / cluster.reduce_Bps)
+    bandwidth = min(cluster.intra.bandwidth_Bps, cluster.rank_memory_Bps(ranks))
+    return (3 * rounds * cluster.intra.latency_s + copied / bandwidth
+            + nbytes / _reduce_Bps(cluster, ranks))
+
+
+def _hierarchical(nbytes, ranks, cluster):
+    local = cluster.ranks_on_node(ranks)
+    nodes = _nodes(ranks, cluster)
+    leaders = dataclasses.replace(cluster, devices_per_node=1, max_nodes=nodes)
+    across = allreduce_time(nbytes, nodes, leaders, _flat_choice(nbytes, nodes)) if nodes > 1 else 0.0
+    bandwidth = min(cluster.intra.bandwidth_Bps, cluster.rank_memory_Bps(local))
+    broadcast = cluster.intra.latency_s + nbytes / bandwidth
+    return _shared_memory(nbytes, local, cluster) + across + broadcast
 
 
 def allreduce_time(nbytes: int, ranks: int, cluster: ClusterProfile, algorithm: str = "auto") -> float:
@@ -111,6 +141,8 @@ def allreduce_time(nbytes: int, ranks: int, cluster: ClusterProfile, algorithm: 
         return 0.0
     if algorithm == "auto":
         algorithm = choose_algorithm(nbytes, ranks, cluster)
+    if algorithm == "hierarchical":
+        return _hierarchical(nbytes, ranks, cluster)
     if algorithm == "shared_memory":
         return _shared_memory(nbytes, ranks, cluster)
     if algorithm == "ring":

@@ -1,19 +1,58 @@
-"""Link parameters of a profile from measured allreduce times (bench/programs/link_probe.py).
+"""Facts of this machine for its cluster profile, measured by one process.
 
-The shared-memory allreduce's model (allreduce_cost.py) is linear in two unknowns once
-the summation is taken to run at memory speed like the copies:
-    t = latency x 3 rounds + (copied + summed bytes) / bandwidth
-so a least-squares fit over the probed sizes gives [intra_node] and [reduce].
+`tnt-bench calibrate` measures what a 1-rank run can tell, so that a prediction of 2 and
+4 ranks from the profile is out of sample (no multi-rank run informs it):
+    memory   copy bandwidth of one core (one thread) and of the node (one thread per
+             core, each copying its own arrays), bytes read + written per second
+The compute figures come from the 1-device model profile (profile.json); latencies of
+the shared-memory path are not measurable by one process and are stated in the profile.
+
+`tnt-bench calibrate -n 2` still fits the shared-memory allreduce to a 2-rank probe
+(bench/programs/link_probe.py); a profile fitted that way predicts 2 ranks in sample.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import os
+import time
 
 import numpy as np
 
-__all__ = ["fit_shared_memory_link", "profile_fragment"]
+__all__ = ["measure_memory_bandwidth", "memory_fragment", "fit_shared_memory_link", "profile_fragment",
+           "run_calibration"]
 
 _SLOT_BYTES = 1 << 20
+
+
+def _copy_rate(threads: int, nbytes: int, repeats: int) -> float:
+    pairs = [(np.ones(nbytes // 8), np.empty(nbytes // 8)) for _ in range(threads)]
+
+    def copy(pair):
+        np.copyto(pair[1], pair[0])
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(copy, pairs))                       # touch the pages first
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            list(pool.map(copy, pairs))
+            times.append(time.perf_counter() - start)
+    return 2.0 * nbytes * threads / float(np.median(times))
+
+
+def measure_memory_bandwidth(nbytes: int = 256 << 20, repeats: int = 5, cores: int | None = None) -> dict:
+    """Copy bandwidth (read + write, bytes/s) of one thread and of one thread per core."""
+    cores = cores or len(os.sched_getaffinity(0))
+    return {"core_Bps": _copy_rate(1, nbytes, repeats), "node_Bps": _copy_rate(cores, nbytes, repeats),
+            "cores": cores, "bytes": nbytes, "repeats": repeats}
+
+
+def memory_fragment(measured: dict) -> str:
+    return (f"[memory]   # tnt-bench calibrate: numpy copies of {measured['bytes'] >> 20} MiB, median of "
+            f"{measured['repeats']}\n"
+            f"node_bandwidth_GBps = {measured['node_Bps'] / 1e9:.2f}   # {measured['cores']} threads\n"
+            f"core_bandwidth_GBps = {measured['core_Bps'] / 1e9:.2f}   # 1 thread\n")
 
 
 def fit_shared_memory_link(sizes: list[int], times: list[float], ranks: int) -> dict:
@@ -36,14 +75,13 @@ def profile_fragment(fit: dict) -> str:
 
 
 def run_calibration(devices: int, max_bytes: int) -> str:
-    """Probe the shared-memory allreduce on `devices` local ranks; a profile fragment."""
+    """1 device: the memory probe in this process; more: the allreduce probe on `devices` ranks."""
+    if devices == 1:
+        return memory_fragment(measure_memory_bandwidth(min(max_bytes, 256 << 20)))
     import subprocess
     import sys
     from bench.programs.result_line import parse_result_line
-    from bench.errors import BenchUsageError
     program = __file__.replace("simulate/calibrate.py", "programs/link_probe.py")
-    if devices < 2:
-        raise BenchUsageError("calibrate needs at least 2 ranks (-n 2)")
     done = subprocess.run([sys.executable, "-m", "tarantella.launcher", "-n", str(devices), "--", program,
                            "--algorithm", "shared_memory", "--max-bytes", str(max_bytes)],
                           capture_output=True, text=True, timeout=600)
@@ -52,5 +90,5 @@ def run_calibration(devices: int, max_bytes: int) -> str:
         raise RuntimeError(f"the allreduce probe failed (exit code {done.returncode}): {done.stderr[-2000:]}")
     fit = fit_shared_memory_link(result["sizes_bytes"], result["times_s"], devices)
     lines = [f"# {s:>10} bytes: {t * 1e6:10.1f} us" for s, t in zip(result["sizes_bytes"], result["times_s"])]
-    return "\n".join(["# shared-memory allreduce on this machine, median of 10", *lines, "",
-                      profile_fragment(fit)])
+    return "\n".join([f"# shared-memory allreduce on {devices} ranks, median of 10 (in sample for "
+                      f"{devices}-rank predictions)", *lines, "", profile_fragment(fit)])

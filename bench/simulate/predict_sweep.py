@@ -20,10 +20,10 @@ def check_cluster_capacity(counts: list[int], cluster: ClusterProfile) -> None:
 
 
 def simulated_row(profile: dict, cluster: ClusterProfile, devices: int, micro_batch: int,
-                  exchange_gradients: bool = True) -> dict:
+                  exchange_gradients: bool = True, real_data: bool = False) -> dict:
     """A runs.csv row for `devices` ranks of `cluster` (figures derived later)."""
     prediction = predict_step(profile, cluster, micro_batch, devices,
-                              exchange_gradients=exchange_gradients)
+                              exchange_gradients=exchange_gradients, real_data=real_data)
     nodes = math.ceil(devices / cluster.devices_per_node)
     return {
         "devices": devices, "nodes": nodes, "devices_per_node": min(devices, cluster.devices_per_node),
@@ -35,5 +35,11 @@ def simulated_row(profile: dict, cluster: ClusterProfile, devices: int, micro_ba
         "predicted_compute_s": prediction.compute_s,
         "predicted_communication_s": prediction.communication_s,
         "predicted_exposed_communication_s": prediction.exposed_communication_s,
+        "predicted_copy_s": prediction.copy_s,
+        "predicted_straggler_factor": prediction.straggler_factor,
+        "predicted_input_s": prediction.input_s,
         "predicted_buckets": prediction.buckets,
+        "predicted_algorithm": prediction.algorithm,
+        "predicted_compute_source": prediction.compute_source,
+        "cluster_sha256": cluster.sha256,
     }

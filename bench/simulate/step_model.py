@@ -1,24 +1,41 @@
-"""One training step on N devices: compute, fused buckets, and their overlap with backprop.
+"""One training step on N devices: compute, stragglers, input, copies, fused buckets, overlap.
 
 Note [Simulated step timeline]
-The reducer (csrc/engine/fused_reducer.hpp) lays gradients out in the order
-backprop produces them and closes a bucket once it holds at least the fusion
-threshold; its progress thread reduces buckets one at a time, in id order. So:
-    ready(bucket)  = forward + backward x ready_fraction of the bucket's last gradient
-    start(i)       = max(ready(i), end(i-1))       (end(i-1) = 0 for the first bucket)
-    end(i)         = start(i) + allreduce_time(bytes(i))
-    step           = max(forward + backward, end(last)) + update
-Without overlap every bucket waits for the end of backprop. The optimizer update
-runs after the last bucket, as tnt.Model applies all gradients at once.
+Every term is a cost the cluster profile states from hardware and software facts
+(bench/simulate/cluster_profile.py) or the 1-device profile measured on this machine;
+nothing is fitted to a scaling curve.
+    compute      one rank's forward/backward/update (Note [Compute of a simulated rank]),
+                 times the straggler factor: the step waits for the slowest of N ranks
+                 (bench/simulate/stragglers.py)
+    input        the input pipeline's per-example cost: on a gpu node it runs on the host
+                 cores beside the device (prefetch hides it unless it is the longer), on a
+                 cpu node it takes the rank's own cores (added)
+    buckets      the reducer (csrc/engine/fused_reducer.hpp) lays gradients out in the
+                 order backprop produces them and closes a bucket once it holds at least
+                 the fusion threshold; its progress thread reduces buckets one at a time
+    copies       the engine reduces in host memory: with host_copies, every bucket goes
+                 device -> host when its last gradient is ready and host -> device after
+                 its allreduce, over the host link (cpu: a copy at the rank's share of the
+                 node's memory bandwidth); copies run one at a time per direction
+    allreduce    per bucket, the algorithm the engine would choose (allreduce_cost.py)
+So, with ready(i) = forward + backward x ready_fraction(i) (x 1 without overlap):
+    out(i)   = max(ready(i), out(i-1)) + copy(i)         (= ready(i) without copies)
+    end(i)   = max(out(i), end(i-1)) + allreduce(i)
+    back(i)  = max(end(i), back(i-1)) + copy(i)          (= end(i) without copies)
+    step     = max(forward + backward, back(last)) + update
+Exposed communication is what the step waits for after backprop: step - compute.
+On 1 device nothing is exchanged or copied (the engine returns at once).
 """
 from __future__ import annotations
 
 import dataclasses
 
-from bench.simulate.allreduce_cost import allreduce_time
+from bench.simulate.allreduce_cost import allreduce_time, choose_algorithm
 from bench.simulate.cluster_profile import ClusterProfile
+from bench.simulate.compute_model import rank_compute
+from bench.simulate.stragglers import measured_cv, straggler_factor
 
-__all__ = ["Bucket", "lay_out_buckets", "compute_times", "StepPrediction", "predict_step"]
+__all__ = ["Bucket", "lay_out_buckets", "StepPrediction", "predict_step", "straggler_cv"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,56 +58,64 @@ def lay_out_buckets(gradients: list[dict], threshold_bytes: int) -> list[Bucket]
     return buckets
 
 
-def compute_times(profile: dict, cluster: ClusterProfile, micro_batch: int, devices: int) -> dict:
-    """Forward, backward and update seconds of one rank's micro-batch on the cluster."""
-    model_step = cluster.model_steps.get(profile["model"])
-    if model_step is not None:
-        step = model_step.step_s * micro_batch / model_step.micro_batch
-    else:
-        # Anchored at the measured step: at the profile's micro-batch and 1 device the
-        # prediction is the measured step time, whatever the phase timings said.
-        fixed_s = min(profile.get("fixed_s", 0.0), profile["step_s"])
-        per_example = (profile["step_s"] - fixed_s) / profile["micro_batch"]
-        fixed = fixed_s / cluster.relative_speed
-        variable = per_example * micro_batch / cluster.relative_speed
-        if cluster.compute_mode == "shared_node":
-            # The node's cores are split among its ranks: the per-example work runs at the
-            # node's throughput, which one rank with all cores measured, so it takes `ranks
-            # on the node` times longer per example. The fixed part (Python, kernel launches)
-            # is mostly serial; it is slowed only once ranks outnumber the cores.
-            ranks = min(devices, cluster.devices_per_node)
-            variable *= ranks
-            fixed *= max(1.0, ranks / cluster.cores_per_node)
-        step = fixed + variable
-    measured = profile["forward_s"] + profile["backward_s"] + profile["update_s"]
-    scale = step / measured if measured > 0 else 0.0
-    return {"forward_s": profile["forward_s"] * scale, "backward_s": profile["backward_s"] * scale,
-            "update_s": profile["update_s"] * scale}
-
-
 @dataclasses.dataclass(frozen=True)
 class StepPrediction:
     step_s: float
-    compute_s: float
-    communication_s: float        # sum of the buckets' allreduce times
+    compute_s: float                # the slowest rank's forward + backward + update (+ input)
+    communication_s: float          # sum of the buckets' allreduce times
+    copy_s: float                   # sum of device <-> host copies
     exposed_communication_s: float  # what the step waits for beyond compute
+    straggler_factor: float
+    input_s: float
     buckets: int
+    algorithm: str                  # the engine's choice for the largest bucket
+    compute_source: str
+
+
+def straggler_cv(profile: dict, cluster: ClusterProfile) -> float:
+    """The profile's stated spread, else the measured 1-device run's (0 if it has none)."""
+    if cluster.straggler_cv is not None:
+        return cluster.straggler_cv
+    return measured_cv(profile.get("step_times_s", []))
+
+
+def _copy_s(nbytes: int, cluster: ClusterProfile, devices: int) -> float:
+    if cluster.kind == "gpu" and cluster.host_link is not None:
+        return cluster.host_link.time(nbytes)
+    bandwidth = cluster.rank_memory_Bps(cluster.ranks_on_node(devices))
+    return nbytes / bandwidth if bandwidth != float("inf") else 0.0
 
 
 def predict_step(profile: dict, cluster: ClusterProfile, micro_batch: int, devices: int,
-                 algorithm: str = "auto", exchange_gradients: bool = True) -> StepPrediction:
+                 algorithm: str | None = None, exchange_gradients: bool = True,
+                 real_data: bool = False) -> StepPrediction:
     """The step time; exchange_gradients=False for the keras baseline, whose ranks share nothing."""
-    times = compute_times(profile, cluster, micro_batch, devices)
-    forward, backward, update = times["forward_s"], times["backward_s"], times["update_s"]
+    algorithm = algorithm or cluster.algorithm
+    rank = rank_compute(profile, cluster, micro_batch, devices, real_data)
+    factor = straggler_factor(straggler_cv(profile, cluster), devices)
+    forward, backward, update = rank.forward_s * factor, rank.backward_s * factor, rank.update_s * factor
+    if cluster.kind == "cpu":
+        forward += rank.input_s
+    else:
+        forward += max(0.0, rank.input_s - (forward + backward + update))
     buckets = lay_out_buckets(profile["gradients"], cluster.fusion_threshold_bytes)
-    end = 0.0
-    communication = 0.0
-    for bucket in buckets:
+    exchanging = exchange_gradients and devices > 1
+    copies = exchanging and cluster.host_copies
+    out = end = back = 0.0
+    communication = copied = 0.0
+    for bucket in buckets if exchanging else []:
         ready = forward + backward * (bucket.ready_fraction if cluster.overlap else 1.0)
-        cost = allreduce_time(bucket.nbytes, devices, cluster, algorithm) if exchange_gradients else 0.0
+        copy = _copy_s(bucket.nbytes, cluster, devices) if copies else 0.0
+        out = max(ready, out) + copy
+        cost = allreduce_time(bucket.nbytes, devices, cluster, algorithm)
+        end = max(out, end) + cost
+        back = max(end, back) + copy
         communication += cost
-        end = max(ready, end) + cost
+        copied += 2 * copy
     compute = forward + backward + update
-    backprop_end = forward + backward
-    step = max(backprop_end, end) + update
-    return StepPrediction(step, compute, communication, step - compute, len(buckets))
+    step = max(forward + backward, back) + update
+    largest = max((b.nbytes for b in buckets), default=0)
+    chosen = (choose_algorithm(largest, devices, cluster) if algorithm == "auto" else algorithm) \
+        if exchanging else "none"
+    return StepPrediction(step, compute, communication, copied, step - compute, factor, rank.input_s,
+                          len(buckets), chosen, rank.source)

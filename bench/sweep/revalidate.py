@@ -1,17 +1,21 @@
-"""`tnt-bench validate DIR --cluster PROFILE`: predict a measured sweep's device counts again.
+"""`tnt-bench validate DIR --cluster PROFILE`: predict a measured sweep's counts out of sample.
 
-For a sweep measured earlier (its runs.csv and profile.json), replace the simulated rows
-of that cluster by fresh predictions and rewrite validation.csv, runs.csv, summary.json
-and the plots; the measured rows stay as they were. Used after the cluster profile or
-the simulation changed, without measuring again.
+Note [Out-of-sample validation on this machine]
+The prediction of every count uses only what one rank measured: the 1-device model
+profile (profile.json, measured at 1 rank: phases, gradient timeline, the cores it
+used) and the 1-device run's step times (their spread gives the stragglers), plus a
+cluster profile whose figures are facts or 1-process measurements (this_machine.toml:
+cores, `tnt-bench calibrate` memory bandwidth). No run on 2 or more ranks informs it,
+so the errors at 2 and 4 ranks are out of sample; the 1-device row is the calibration
+point and is marked so (its error says only how well fixed + per-example reproduces
+the measured step). The simulated rows of that cluster in runs.csv are replaced, the
+plots redrawn, and validation.csv/.json written with the profile's contents and hash.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-
-import pandas as pd
 
 from bench import records
 from bench.errors import BenchUsageError
@@ -20,9 +24,10 @@ from bench.models.registry import get_model_entry
 from bench.simulate.cluster_profile import load_cluster_profile
 from bench.simulate.model_profile import load_profile
 from bench.sweep.options import SweepOptions
-from bench.sweep.scaling import complete_row, simulate_rows, summary_points, validation_table
+from bench.sweep.scaling import complete_row, simulate_rows, summary_points
+from bench.validation.record import write_validation
 
-__all__ = ["revalidate"]
+__all__ = ["revalidate", "validation_points"]
 
 # What a simulated row shares with the measured rows of its sweep.
 _SWEEP_KEYS = ("sweep", "model", "framework", "scaling", "timestamp", "hostname", "cpu_model", "cpus",
@@ -41,6 +46,34 @@ def _rows_of(directory: str) -> list[dict]:
     return rows
 
 
+def validation_points(measured: list[dict], predicted: list[dict]) -> list[dict]:
+    """Error per measured count; the 1-device point is the calibration, the rest predictions."""
+    by_count = {row["devices"]: row for row in predicted}
+    points = []
+    for real in sorted(measured, key=lambda r: r["devices"]):
+        guess = by_count.get(real["devices"])
+        if guess is None:
+            continue
+        points.append({"devices": real["devices"], "oversubscribed": real["oversubscribed"],
+                       "role": "calibration" if real["devices"] == 1 else "prediction",
+                       "measured_step_s": real["step_time_median_s"],
+                       "predicted_step_s": guess["step_time_median_s"],
+                       "relative_error": guess["step_time_median_s"] / real["step_time_median_s"] - 1.0,
+                       "load_average_1m": real.get("load_average_1m")})
+    return points
+
+
+def _one_rank_profile(directory: str, measured: list[dict]) -> dict:
+    profile = load_profile(os.path.join(directory, "profile.json"))
+    one = [r for r in measured if r["devices"] == 1]
+    if not one:
+        raise BenchUsageError(f"{directory} has no measured 1-device run: the out-of-sample validation "
+                              f"predicts from 1-rank data only; measure with --devices 1,2,4")
+    if not profile.get("step_times_s"):
+        profile["step_times_s"] = one[0]["step_times_s"]     # older profiles: the same run's steps
+    return profile
+
+
 def revalidate(directory: str, cluster_name: str, command: str = "") -> dict:
     for needed in ("runs.csv", "profile.json", "summary.json"):
         if not os.path.exists(os.path.join(directory, needed)):
@@ -50,29 +83,29 @@ def revalidate(directory: str, cluster_name: str, command: str = "") -> dict:
     measured = [r for r in rows if not r["simulated"]]
     if not measured:
         raise BenchUsageError(f"{directory} has no measured runs to validate against")
+    profile = _one_rank_profile(directory, measured)
     kept = [r for r in rows if r["simulated"] and r["cluster"] != cluster.name]
     first = measured[0]
     entry = get_model_entry(first["model"])
     weak = first["scaling"] == "weak"
     options = SweepOptions(model=first["model"], counts=[int(r["devices"]) for r in measured],
-                           framework=first["framework"], command=command,
+                           framework=first["framework"], command=command, data=first["data"],
                            micro_batch=int(first["micro_batch"]) if weak else None,
                            global_batch=None if weak else int(first["global_batch"]))
     common = {key: first[key] for key in _SWEEP_KEYS}
     common.update(describe_software(), data=first["data"])
-    fresh = simulate_rows(options, entry, load_profile(os.path.join(directory, "profile.json")), cluster,
-                          options.counts)
-    fresh = [complete_row(row, options, entry, int(first["epoch_examples"]),
-                          common) for row in fresh]
+    fresh = [complete_row(row, options, entry, int(first["epoch_examples"]), common)
+             for row in simulate_rows(options, entry, profile, cluster, options.counts)]
     rows = measured + kept + fresh
     records.derive_figures(rows)
     records.write_runs(rows, directory)
-    validation = validation_table(rows)
-    pd.DataFrame(validation).to_csv(os.path.join(directory, "validation.csv"), index=False)
+    points = validation_points(measured, fresh)
+    write_validation(directory, points, cluster, command,
+                     {"model": entry.name, "sweep": directory, "predicted_from": "1-rank data only: "
+                      "profile.json and the 1-device run's step times (Note [Out-of-sample validation "
+                      "on this machine])"})
     summary = records.read_summary(directory)
-    summary.update(points=summary_points(rows), validation=validation,
-                   cluster={"name": cluster.name, "description": cluster.description,
-                            "source": cluster.source, "profile": cluster.path})
+    summary.update(points=summary_points(rows), validation=points, cluster=cluster.describe())
     summary.setdefault("revalidated", []).append(command)
     from bench.plots import plot_directories
     plot_directories([directory], directory)

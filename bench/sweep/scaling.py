@@ -1,9 +1,14 @@
 """A scaling sweep end to end: run or simulate each device count, then write and plot.
 
 Measured sweeps run the 1-device point first and measure the model's profile there
-(profile.json), so any sweep directory can later seed a simulation. Given --cluster
-without --simulate, a measured sweep also predicts its own device counts on that
-cluster and writes validation.csv: the prediction error per count.
+(profile.json), so any sweep directory can later seed a simulation. Counts the machine
+(or hostfile) cannot run are simulated on --cluster (default DEFAULT_CLUSTER), as is
+the whole sweep with --simulate: one runs.csv and one plot hold the measured points
+and the simulated series, each marked. Speedups are always against a 1-device figure
+of the same series: measured if it ran (a sweep without 1 measures it anyway, for the
+profile), simulated on the same cluster otherwise. Given --cluster and counts that all
+run here, a measured sweep also predicts its own counts on that cluster and writes
+validation.csv (`tnt-bench validate` does it out of sample).
 """
 from __future__ import annotations
 
@@ -16,15 +21,20 @@ from bench.data.datasets import get_dataset_info
 from bench.errors import BenchUsageError
 from bench.machine import describe_machine, describe_software, describe_source
 from bench.models.registry import get_model_entry
-from bench.simulate.cluster_profile import load_cluster_profile
+from bench.simulate.cluster_profile import load_cluster_profile, shipped_profile_names
 from bench.simulate.model_profile import load_profile
 from bench.simulate.predict_sweep import check_cluster_capacity, simulated_row
-from bench.sweep.capacity import check_counts, find_capacity, is_oversubscribed
+from bench.sweep.capacity import find_capacity, is_oversubscribed
 from bench.sweep.options import SweepOptions
 from bench.sweep.progress import Progress
 from bench.sweep.runner import measured_row, run_point
 
-__all__ = ["run_scaling", "check_batches", "complete_row", "simulate_rows", "validation_table",
+# Where counts beyond the machine are simulated when --cluster is not given: a CPU cluster,
+# so the simulated ranks compute like the measured ones (per core, Note [Compute of a
+# simulated rank]), and the extension continues the measured story.
+DEFAULT_CLUSTER = "supermuc_ng"
+
+__all__ = ["DEFAULT_CLUSTER", "run_scaling", "check_batches", "complete_row", "simulate_rows", "validation_table",
            "summary_points"]
 
 
@@ -60,11 +70,16 @@ def complete_row(row: dict, options: SweepOptions, entry, epoch_examples: int, c
     return row
 
 
-def _measure(options, entry, progress, profile_path):
-    capacity = find_capacity(options.hostfile, options.npernode)
-    check_counts(options.counts, capacity, options.oversubscribe)
-    rows = []
-    for count in options.counts:
+def _measure(options, entry, progress, profile_path, counts, capacity):
+    """Measured rows of `counts`, and the 1-device row (measured for the profile even
+    when 1 is not among the counts; then it is returned apart, as the speedup baseline)."""
+    rows, baseline = [], None
+    if 1 not in counts:
+        progress.start(1, "measuring the 1-device profile and baseline")
+        result = run_point(options, 1, options.micro_batch_for(1, entry.default_micro_batch), profile_path)
+        baseline = measured_row(result, False)
+        progress.finish(1, f"profile written to {profile_path}")
+    for count in counts:
         progress.start(count)
         micro = options.micro_batch_for(count, entry.default_micro_batch)
         result = run_point(options, count, micro, profile_path if count == 1 else None)
@@ -72,7 +87,7 @@ def _measure(options, entry, progress, profile_path):
         rows.append(row)
         progress.finish(count, f"median step {row['step_time_median_s']:.3f} s"
                                + (" (oversubscribed)" if row["oversubscribed"] else ""))
-    return rows
+    return rows, baseline
 
 
 def _profile_for_simulation(options, entry, progress, profile_path):
@@ -94,10 +109,18 @@ def simulate_rows(options, entry, profile, cluster, counts):
     for count in counts:
         # The keras baseline exchanges no gradients, so its prediction has no communication.
         row = simulated_row(profile, cluster, count, options.micro_batch_for(count, entry.default_micro_batch),
-                            exchange_gradients=options.framework == "tnt")
+                            exchange_gradients=options.framework == "tnt", real_data=options.data != "synthetic")
         row["command"] = options.command
         rows.append(row)
     return rows
+
+
+def _split_counts(options, capacity):
+    """(counts to measure, counts to simulate) for a sweep that is not --simulate."""
+    if options.oversubscribe and capacity.where.startswith("this machine"):
+        return list(options.counts), []
+    return ([c for c in options.counts if c <= capacity.devices],
+            [c for c in options.counts if c > capacity.devices])
 
 
 def validation_table(rows: list[dict]) -> list[dict]:
@@ -118,33 +141,58 @@ def summary_points(rows: list[dict]) -> list[dict]:
     return [{key: row[key] for key in (
         "devices", "nodes", "simulated", "cluster", "oversubscribed", "micro_batch", "global_batch",
         "step_time_median_s", "throughput", "throughput_unit", "epoch_time_min", "speedup",
-        "efficiency")} for row in rows]
+        "efficiency", "speedup_baseline")} for row in rows]
+
+
+def _baselines(rows, measured_baseline, simulated_series, options, entry, epoch_examples, common):
+    """1-device figures for the series whose counts lack 1 (see records.derive_figures)."""
+    baselines = {}
+    if measured_baseline is not None:
+        row = complete_row(dict(measured_baseline), options, entry, epoch_examples, common)
+        baselines[records.kind_of(row)] = (row["epoch_time_s"], "measured 1 device (profile run)")
+    for profile, cluster in simulated_series:
+        row = complete_row(simulate_rows(options, entry, profile, cluster, [1])[0], options, entry,
+                           epoch_examples, common)
+        baselines.setdefault(records.kind_of(row), (row["epoch_time_s"], f"simulated 1 device on {cluster.name}"))
+    return baselines
 
 
 def run_scaling(options: SweepOptions) -> dict:
-    """Run (or simulate) the sweep and write runs.csv, summary.json, profile.json, plots."""
+    """Run and/or simulate the sweep and write runs.csv, summary.json, profile.json, plots."""
     entry = get_model_entry(options.model)
     check_batches(options, entry.default_micro_batch)
     epoch_examples = _epoch_examples(options, entry)
-    cluster = load_cluster_profile(options.cluster) if options.cluster else None
-    if options.simulate and cluster is None:
+    if options.simulate and not options.cluster:
         raise BenchUsageError("--simulate needs --cluster PROFILE (a TOML file, or one of "
-                              "hpc_da, supermuc_ng, this_machine)")
-    if options.simulate:
-        check_cluster_capacity(options.counts, cluster)
+                              f"{', '.join(shipped_profile_names())})")
+    measure, beyond = [], list(options.counts)
+    capacity = None
+    if not options.simulate:
+        capacity = find_capacity(options.hostfile, options.npernode)
+        measure, beyond = _split_counts(options, capacity)
+    cluster_name = options.cluster or (DEFAULT_CLUSTER if beyond else None)
+    cluster = load_cluster_profile(cluster_name) if cluster_name else None
+    if beyond:
+        check_cluster_capacity(beyond, cluster)
     os.makedirs(options.out, exist_ok=True)
     profile_path = os.path.join(options.out, "profile.json")
     machine, source = describe_machine(), describe_source()
-    runs = 1 if options.simulate and not options.model_profile else (0 if options.simulate else len(options.counts))
+    runs = len(measure) + (0 if 1 in measure or (options.simulate and options.model_profile) else 1)
     progress = Progress(max(runs, 1), f"{options.model} ({options.framework})", enabled=options.progress)
 
+    measured_baseline, simulated_series = None, []
     if options.simulate:
         profile = _profile_for_simulation(options, entry, progress, profile_path)
         rows = simulate_rows(options, entry, profile, cluster, options.counts)
+        simulated_series.append((profile, cluster))
     else:
-        rows = _measure(options, entry, progress, profile_path)
+        rows, measured_baseline = _measure(options, entry, progress, profile_path, measure, capacity)
         if cluster is not None:
-            rows += simulate_rows(options, entry, load_profile(profile_path), cluster, options.counts)
+            # Beyond the machine: the whole series on the cluster, so its speedups have
+            # their own 1-device figure; else the measured counts, for validation.
+            profile = load_profile(profile_path)
+            rows += simulate_rows(options, entry, profile, cluster, options.counts if beyond else measure)
+            simulated_series.append((profile, cluster))
 
     sweep = os.path.basename(os.path.normpath(options.out))
     timestamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -152,9 +200,10 @@ def run_scaling(options: SweepOptions) -> dict:
               "scaling": options.scaling, "timestamp": timestamp, **machine, **source,
               **describe_software()}
     rows = [complete_row(row, options, entry, epoch_examples, common) for row in rows]
-    records.derive_figures(rows)
+    records.derive_figures(rows, _baselines(rows, measured_baseline, simulated_series, options, entry,
+                                            epoch_examples, common))
     records.write_runs(rows, options.out)
-    validation = validation_table(rows)
+    validation = validation_table(rows) if not beyond else []
     if validation:
         import pandas as pd
         pd.DataFrame(validation).to_csv(os.path.join(options.out, "validation.csv"), index=False)
@@ -164,8 +213,8 @@ def run_scaling(options: SweepOptions) -> dict:
         "model": {"name": entry.name, "description": entry.description, "unit": entry.sample_unit,
                   "dataset": entry.dataset, "epoch_examples": epoch_examples},
         "machine": machine, "source": source,
-        "cluster": None if cluster is None else {"name": cluster.name, "description": cluster.description,
-                                                 "source": cluster.source, "profile": cluster.path},
+        "measured_counts": measure, "simulated_counts": sorted({r["devices"] for r in rows if r["simulated"]}),
+        "cluster": None if cluster is None else cluster.describe(),
         "points": summary_points(rows),
         "validation": validation,
         "files": ["runs.csv", "summary.json", "profile.json"] + (["validation.csv"] if validation else []),

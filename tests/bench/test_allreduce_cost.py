@@ -13,7 +13,8 @@ pytestmark = pytest.mark.timeout(30)
 def _cluster(devices_per_node=4, intra=(1e-6, 10e9), inter=(10e-6, 1e9), reduce_Bps=1e30):
     base = load_cluster_profile("hpc_da")
     return dataclasses.replace(base, devices_per_node=devices_per_node, max_nodes=64,
-                               intra=Link(*intra), inter=Link(*inter), reduce_Bps=reduce_Bps)
+                               intra=Link(*intra), inter=Link(*inter), reduce_Bps=reduce_Bps,
+                               node_memory_Bps=0.0)
 
 
 def test_one_rank_costs_nothing():
@@ -23,9 +24,31 @@ def test_one_rank_costs_nothing():
 def test_auto_choice_mirrors_the_engine():
     cluster = _cluster(devices_per_node=4)
     assert choose_algorithm(1 << 30, 4, cluster) == "shared_memory"      # one node
-    assert choose_algorithm(1024, 8, cluster) == "recursive_doubling"    # small, across nodes
-    assert choose_algorithm(1 << 20, 8, cluster) == "rabenseifner"       # large, 2^k ranks
-    assert choose_algorithm(1 << 20, 12, cluster) == "ring"              # large, other counts
+    assert choose_algorithm(1024, 8, cluster) == "hierarchical"          # nodes with several ranks
+    one_per_node = _cluster(devices_per_node=1)
+    assert choose_algorithm(1024, 8, one_per_node) == "recursive_doubling"    # small, across nodes
+    assert choose_algorithm(1 << 20, 8, one_per_node) == "rabenseifner"       # large, 2^k ranks
+    assert choose_algorithm(1 << 20, 12, one_per_node) == "ring"              # large, other counts
+
+
+def test_hierarchical_is_node_reduce_leaders_allreduce_node_broadcast():
+    cluster = _cluster(devices_per_node=4)
+    leaders = _cluster(devices_per_node=1)
+    n = 4 << 20
+    expected = (allreduce_time(n, 4, cluster, "shared_memory") + allreduce_time(n, 2, leaders, "rabenseifner")
+                + 1e-6 + n / 10e9)
+    assert allreduce_time(n, 8, cluster, "hierarchical") == pytest.approx(expected)
+    # one transfer per network interface instead of four: cheaper than the flat algorithms
+    assert allreduce_time(n, 8, cluster) < allreduce_time(n, 8, cluster, "rabenseifner")
+
+
+def test_latency_is_paid_once_per_step_of_the_algorithm():
+    cluster = _cluster(devices_per_node=1)
+    for p in (4, 8, 16):
+        assert allreduce_time(4 * p, p, cluster, "ring") == pytest.approx(2 * (p - 1) * 10e-6, rel=1e-3)
+        steps = int(math.log2(p))
+        assert allreduce_time(4 * p, p, cluster, "recursive_doubling") == pytest.approx(steps * 10e-6, rel=1e-2)
+        assert allreduce_time(4 * p, p, cluster, "rabenseifner") == pytest.approx(2 * steps * 10e-6, rel=1e-2)
 
 
 def test_ring_across_nodes_is_alpha_beta():

@@ -1,6 +1,8 @@
 """Buckets, overlap, profiles, and a simulated sweep end to end (no TensorFlow run)."""
+import hashlib
 import json
 import os
+import re
 
 import pandas as pd
 import pytest
@@ -22,12 +24,24 @@ def test_buckets_close_at_the_threshold_like_the_engine():
     assert [b.nbytes for b in lay_out_buckets(gradients, 0)] == [10, 10, 30, 5, 50, 1]
 
 
-@pytest.mark.parametrize("name", ["hpc_da", "supermuc_ng", "this_machine"])
-def test_shipped_profiles_load(name):
+@pytest.mark.parametrize("name", ["hpc_da", "supermuc_ng", "this_machine", "horovod_pascal_roce"])
+def test_shipped_profiles_load_and_name_a_source_for_every_figure(name):
     cluster = load_cluster_profile(name)
     assert cluster.devices_per_node >= 1 and cluster.max_devices >= 4
     assert cluster.intra.bandwidth_Bps > 0 and cluster.inter.latency_s > 0
     assert cluster.source
+    header_comment = False
+    for line in cluster.text.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            header_comment = "#" in line
+        elif re.match(r"^[a-z_]+\s*=\s*[0-9.]", line):
+            assert "#" in line or header_comment, f"{name}: no source for {line!r}"
+
+
+@pytest.mark.parametrize("spelling", ["hpc_da", "hpc-da", "HPC-DA", "Hpc_Da"])
+def test_profile_names_accept_the_spelling_of_the_plots(spelling):
+    assert load_cluster_profile(spelling).name == "HPC-DA"
 
 
 def test_overlap_hides_communication():
@@ -37,7 +51,9 @@ def test_overlap_hides_communication():
     import dataclasses
     without = predict_step(profile, dataclasses.replace(cluster, overlap=False), 8, 16)
     assert with_overlap.step_s <= without.step_s
-    assert without.step_s == pytest.approx(without.compute_s + without.communication_s)
+    # Without overlap every allreduce waits for backprop; copies overlap the allreduces.
+    assert without.compute_s + without.communication_s < without.step_s
+    assert without.step_s <= without.compute_s + without.copy_s + without.communication_s + 1e-12
     assert predict_step(profile, cluster, 8, 1).communication_s == 0.0
     assert predict_step(profile, cluster, 8, 16, exchange_gradients=False).communication_s == 0.0
 
@@ -54,12 +70,29 @@ def test_simulated_sweep_writes_marked_rows_and_plots(run_cli, profile_file, tmp
     assert runs.loc[runs["devices"] == 1, "speedup"].item() == pytest.approx(1.0)
     assert (runs["epoch_time_s"] > 0).all() and (runs["throughput"] > 0).all()
     assert (runs["speedup"] <= runs["devices"] + 1e-9).all()
+    assert (runs["efficiency"] < 1.0).sum() == len(runs) - 1          # not linear by construction
     summary = read_summary(str(out))
     assert all(point["simulated"] for point in summary["points"])
     assert summary["cluster"]["name"] == "HPC-DA"
+    text = open(os.path.join(PROFILES_DIR, "hpc_da.toml")).read()
+    assert summary["cluster"]["contents"] == text
+    assert summary["cluster"]["sha256"] == hashlib.sha256(text.encode()).hexdigest()
+    assert (runs["cluster_sha256"] == summary["cluster"]["sha256"]).all()
     for name in ("epoch_time.png", "epoch_time.svg", "speedup.png", "speedup.svg", "profile.json"):
         assert os.path.getsize(out / name) > 0
     assert "simulated: HPC-DA" in (out / "speedup.svg").read_text()
+
+
+def test_sweep_without_one_device_has_speedups_against_a_simulated_one(run_cli, profile_file, tmp_path):
+    out = tmp_path / "no1"
+    code, _, err = run_cli("scaling", "--model", "resnet_tiny", "--devices", "6,12,24", "--simulate",
+                           "--cluster", "hpc-da", "--model-profile", profile_file, "--out", str(out),
+                           "--no-plots", "--quiet")
+    assert code == 0, err
+    runs = pd.read_csv(out / "runs.csv")
+    assert list(runs["devices"]) == [6, 12, 24]
+    assert runs["speedup"].notna().all() and (runs["speedup"] > 1).all()
+    assert (runs["speedup_baseline"] == "simulated 1 device on HPC-DA").all()
 
 
 def test_plot_overlays_directories(run_cli, profile_file, tmp_path):

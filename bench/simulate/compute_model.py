@@ -1,0 +1,80 @@
+"""What one rank computes per step on a cluster: forward, backward and update seconds.
+
+Note [Compute of a simulated rank]
+The figure comes, in this order of preference, from
+  1. a published single-device throughput of the model in the cluster profile
+     ([compute.models.NAME]: examples/s at a micro-batch; gpu: one device, cpu: one
+     process on `cores` cores), scaled linearly to the micro-batch asked for;
+  2. the measured 1-device profile (profile.json) of the model on this machine:
+     step = fixed + per_example x micro_batch, anchored at the measured step.
+     gpu: divided by the profile's relative_speed.
+     cpu: a device is a process with its share of the node's cores (cores_per_node /
+     ranks on the node, at most cores_per_rank). The measured run says how many cores
+     it used (profile "threads"): the per-example work is that many core-seconds per
+     core, spread over the rank's cores at core_speed; the fixed part (Python, kernel
+     launches) runs on one core and is only slowed when a rank has less than a core.
+The measured forward/backward/update split is kept in every case. Work is taken to
+divide perfectly among a process's cores (TensorFlow's thread pools do not quite).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from bench.simulate.cluster_profile import ClusterProfile
+
+__all__ = ["RankCompute", "rank_compute"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankCompute:
+    forward_s: float
+    backward_s: float
+    update_s: float
+    input_s: float          # the input pipeline's work for the rank's micro-batch
+    source: str             # "published" or "measured profile"
+
+    @property
+    def step_s(self) -> float:
+        return self.forward_s + self.backward_s + self.update_s
+
+
+def _published_step(published, cluster: ClusterProfile, micro_batch: int, cores: float) -> float:
+    step = micro_batch / published.examples_per_s
+    if cluster.kind == "cpu" and published.cores:
+        step *= published.cores / cores
+    return step
+
+
+def _measured_step(profile: dict, cluster: ClusterProfile, micro_batch: int, cores: float) -> float:
+    fixed = min(profile.get("fixed_s", 0.0), profile["step_s"])
+    per_example = (profile["step_s"] - fixed) / profile["micro_batch"]
+    if cluster.kind == "gpu":
+        return (fixed + per_example * micro_batch) / cluster.relative_speed
+    measured_cores = float(profile.get("threads") or cluster.cores_per_node)
+    variable = per_example * micro_batch * measured_cores / (cores * cluster.core_speed)
+    fixed = fixed / cluster.core_speed * max(1.0, 1.0 / cores)
+    return fixed + variable
+
+
+def _input_s(cluster: ClusterProfile, micro_batch: int, ranks_on_node: int, cores: float) -> float:
+    if not cluster.input_core_s_per_example:
+        return 0.0
+    feeding = cores if cluster.kind == "cpu" else cluster.input_cores_per_node / ranks_on_node
+    return cluster.input_core_s_per_example * micro_batch / max(feeding, 1e-9)
+
+
+def rank_compute(profile: dict, cluster: ClusterProfile, micro_batch: int, devices: int,
+                 real_data: bool = False) -> RankCompute:
+    """One rank's mean compute per step when `devices` ranks run on `cluster`."""
+    ranks_on_node = cluster.ranks_on_node(devices)
+    cores = cluster.rank_cores(ranks_on_node) if cluster.kind == "cpu" else 1.0
+    published = cluster.model_steps.get(profile["model"])
+    if published is not None:
+        step, source = _published_step(published, cluster, micro_batch, cores), "published"
+    else:
+        step, source = _measured_step(profile, cluster, micro_batch, cores), "measured profile"
+    measured = profile["forward_s"] + profile["backward_s"] + profile["update_s"]
+    scale = step / measured if measured > 0 else 0.0
+    input_s = _input_s(cluster, micro_batch, ranks_on_node, cores) if real_data else 0.0
+    return RankCompute(profile["forward_s"] * scale, profile["backward_s"] * scale,
+                       profile["update_s"] * scale, input_s, source)
