@@ -66,7 +66,8 @@ def _fingerprint(tf) -> str:
     sources, header_dir = _source_dirs()
     digest = hashlib.sha256()
     inputs = sorted(glob.glob(os.path.join(sources, "*.cc")) + glob.glob(os.path.join(sources, "*.h")))
-    for path in inputs + [os.path.join(header_dir, "c_api.h"), os.path.join(_engine_dir(), "libtnt_engine.so")]:
+    headers = sorted(glob.glob(os.path.join(header_dir, "c_api*.h")))
+    for path in inputs + headers + [os.path.join(_engine_dir(), "libtnt_engine.so")]:
         with open(path, "rb") as handle:
             digest.update(os.path.basename(path).encode() + handle.read())
     digest.update(" ".join(_build_command(tf, "OUT")).encode())

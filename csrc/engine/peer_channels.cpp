@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "deadline.hpp"
 #include "errors.hpp"
@@ -25,6 +26,11 @@ std::string mpi_error_text(int code) {
 // two sides disagree about a tensor's shape), not an MPI failure.
 const char* const kSizeMismatch = "size mismatch: ";
 
+// Live channels by id, for the TensorFlow face (PeerChannels::with_channels).
+std::mutex g_registry_mutex;
+std::map<int, PeerChannels*> g_registry;
+int g_next_id = 1;
+
 }  // namespace
 
 std::string Transfer::describe(const ProcessGroup& group) const {
@@ -41,9 +47,24 @@ int PeerChannels::max_tag() {
 
 PeerChannels::PeerChannels(const ProcessGroup& group) : group_(group.duplicate()) {
   progress_thread_ = std::thread([this] { progress_loop(); });
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  id_ = g_next_id++;
+  g_registry[id_] = this;
+}
+
+bool PeerChannels::with_channels(int id, const std::function<void(PeerChannels&)>& use) {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  auto found = g_registry.find(id);
+  if (found == g_registry.end()) return false;
+  use(*found->second);
+  return true;
 }
 
 PeerChannels::~PeerChannels() {
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mutex);
+    g_registry.erase(id_);
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -77,6 +98,7 @@ TransferPtr PeerChannels::queue(Transfer::Kind kind, int peer, int tag, void* da
   transfer->tag_ = tag;
   transfer->data_ = data;
   transfer->bytes_ = bytes;
+  transfer->queued_at_ = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!error_.empty()) throw Error("the peer channels failed earlier: " + error_);
@@ -116,6 +138,7 @@ void PeerChannels::progress_loop() {
       if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) raise_mpi_error(rc, "MPI_Testsome", __FILE__, __LINE__);
       if (count == MPI_UNDEFINED || count == 0) {
         back_off(round++);
+        if ((round & 255u) == 0) expire_overdue();
         continue;
       }
       round = 0;
@@ -136,6 +159,9 @@ void PeerChannels::progress_loop() {
       active_.resize(kept);
       std::lock_guard<std::mutex> lock(mutex_);
       active_count_ = active_.size();
+    } catch (const TimeoutError& error) {
+      fail_all(error.what(), true);
+      return;
     } catch (const std::exception& error) {
       fail_all(error.what());
       return;
@@ -206,7 +232,24 @@ void PeerChannels::finish(Transfer& transfer, Transfer::State state, const std::
   for (Callback& callback : callbacks) callback(error);
 }
 
-void PeerChannels::fail_all(const std::string& error) {
+// See Note [Transfers expire on the progress thread].
+void PeerChannels::expire_overdue() {
+  const auto now = std::chrono::steady_clock::now();
+  for (const TransferPtr& transfer : active_) {
+    const double waited = std::chrono::duration<double>(now - transfer->queued_at_).count();
+    if (waited > group_->limits().timeout_seconds) throw TimeoutError(timeout_message(*transfer, waited));
+  }
+}
+
+std::string PeerChannels::timeout_message(const Transfer& transfer, double waited) const {
+  return transfer.describe(*group_) + " timed out after " + std::to_string(static_cast<int>(waited)) +
+         " s waiting for " + group_->describe_ranks({transfer.peer_}) + ": that rank did not post the matching " +
+         (transfer.kind_ == Transfer::Kind::send ? "receive" : "send") +
+         " (crashed, hung, or running a different schedule); raise TNT_TIMEOUT_SECONDS "
+         "(launcher flag --timeout) if it is merely slow";
+}
+
+void PeerChannels::fail_all(const std::string& error, bool timed_out) {
   std::vector<TransferPtr> left(active_.begin(), active_.end());
   bool stopping = false;
   {
@@ -218,12 +261,19 @@ void PeerChannels::fail_all(const std::string& error) {
     active_count_ = 0;
   }
   if (!stopping) log_warning("peer channels: " + error);
-  for (TransferPtr& transfer : left) finish(*transfer, Transfer::State::failed, error);
+  for (TransferPtr& transfer : left) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      transfer->timed_out_ = timed_out;
+    }
+    finish(*transfer, Transfer::State::failed, error);
+  }
   active_.clear();
   requests_.clear();
 }
 
 void PeerChannels::rethrow(const Transfer& transfer) const {
+  if (transfer.timed_out_) throw TimeoutError(transfer.error_);
   if (transfer.error_.rfind(kSizeMismatch, 0) == 0) throw MismatchError(transfer.error_);
   throw Error(transfer.error_);
 }
@@ -266,12 +316,7 @@ void PeerChannels::wait(const TransferPtr& transfer) {
   }
   if (!finished_.wait_until(lock, give_up_at, finished)) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    throw TimeoutError(transfer->describe(*group_) + " timed out after " + std::to_string(static_cast<int>(waited)) +
-                       " s waiting for " + group_->describe_ranks({transfer->peer_}) +
-                       ": that rank did not post the matching " +
-                       (transfer->kind_ == Transfer::Kind::send ? "receive" : "send") +
-                       " (crashed, hung, or running a different schedule); raise TNT_TIMEOUT_SECONDS "
-                       "(launcher flag --timeout) if it is merely slow");
+    throw TimeoutError(timeout_message(*transfer, waited));
   }
   if (transfer->state_ == Transfer::State::failed) rethrow(*transfer);
 }

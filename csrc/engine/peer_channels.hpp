@@ -36,10 +36,19 @@
 //                    naming the peer and the tag.
 //   ~PeerChannels()  framework thread: cancel what is still active, stop and
 //                    join the progress thread. Call it before MPI is finalised.
+//
+// Note [Transfers expire on the progress thread]
+// A transfer that is only awaited through when_done() (the TensorFlow ops)
+// has no blocking waiter to time it out, so the progress thread does: while
+// nothing completes it checks the oldest active transfer, and once one has
+// waited the group's timeout since it was queued the channels fail with a
+// timeout naming the peer and tag (as wait() would): a lost peer ends the
+// job instead of hanging it.
 #pragma once
 
 #include <mpi.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -80,6 +89,7 @@ class Transfer {
   State state_ = State::queued;       // guarded by PeerChannels::mutex_
   std::string error_;                 // guarded by mutex_; set with State::failed
   bool timed_out_ = false;            // guarded by mutex_; error_ is a timeout
+  std::chrono::steady_clock::time_point queued_at_;  // Note [Transfers expire on the progress thread]
   std::vector<std::function<void(const std::string&)>> callbacks_;  // guarded by mutex_
 };
 
@@ -107,6 +117,11 @@ class PeerChannels {
   void wait(const TransferPtr& transfer);
 
   int rank() const { return group_->rank(); }
+  // Process-wide id for the TensorFlow face (c_api_channels.h), which names channels by it.
+  int id() const { return id_; }
+  // Runs `use` with the live channels of that id (under the registry's lock, so they are not
+  // destroyed meanwhile); false if there are none.
+  static bool with_channels(int id, const std::function<void(PeerChannels&)>& use);
   int size() const { return group_->size(); }
   // Transfers queued or active right now.
   std::size_t in_flight() const;
@@ -118,10 +133,13 @@ class PeerChannels {
   void post(Transfer& transfer);
   void complete(std::size_t index, const MPI_Status& status);
   void finish(Transfer& transfer, Transfer::State state, const std::string& error);
-  void fail_all(const std::string& error);
+  void fail_all(const std::string& error, bool timed_out = false);
   [[noreturn]] void rethrow(const Transfer& transfer) const;
+  std::string timeout_message(const Transfer& transfer, double waited) const;
+  void expire_overdue();
 
   std::unique_ptr<ProcessGroup> group_;  // own duplicate (Note [One communicator per user])
+  int id_ = 0;                           // in the registry from construction to destruction
 
   mutable std::mutex mutex_;
   std::condition_variable work_;     // the progress thread sleeps here while idle

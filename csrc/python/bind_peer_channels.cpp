@@ -128,6 +128,7 @@ void bind_peer_channels(py::module_& m) {
       .def("send", &Channels::send, py::arg("peer"), py::arg("tag"), py::arg("array"))
       .def("receive", &Channels::receive, py::arg("peer"), py::arg("tag"), py::arg("out"))
       .def("close", &Channels::close)
+      .def_property_readonly("id", [](Channels& c) { return c.get().id(); })  // for the TensorFlow ops
       .def_property_readonly("rank", [](Channels& c) { return c.get().rank(); })
       .def_property_readonly("size", [](Channels& c) { return c.get().size(); })
       .def_property_readonly("in_flight", [](Channels& c) { return c.get().in_flight(); })

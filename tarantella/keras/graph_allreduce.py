@@ -22,7 +22,9 @@ __all__ = ["GraphAllreducer"]
 class GraphAllreducer:
     """Created collectively (every rank, same tensors in the same order)."""
 
-    def __init__(self, shapes: list[tf.TensorShape], dtypes: list[tf.DType], fusion_threshold_bytes: int | None = None):
+    def __init__(self, shapes: list[tf.TensorShape], dtypes: list[tf.DType], fusion_threshold_bytes: int | None = None,
+                 group=None):
+        """group: a tarantella.collectives.Group to sum over (default: the world)."""
         from tarantella import _engine
         settings = runtime.settings()
         threshold = settings.fusion_threshold_bytes if fusion_threshold_bytes is None else fusion_threshold_bytes
@@ -34,7 +36,7 @@ class GraphAllreducer:
         self._ops = tf_ops.load_ops()
         specs = [(shape.num_elements(), dtype.name) for shape, dtype in zip(self.shapes, self.dtypes)]
         self._reducer = _engine.Reducer(specs, threshold, "sum", settings.allreduce_algorithm,
-                                        runtime.world_group())
+                                        runtime.world_group() if group is None else group._handle)
 
     @property
     def bucket_count(self) -> int:

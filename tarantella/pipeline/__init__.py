@@ -9,7 +9,7 @@ model), optionally with data-parallel replicas of every stage.
 
 Files: partition.py (stages, crossing tensors), cut.py and balance.py (where
 to cut), topology.py (rank -> replica, stage), schedules.py (GPipe, 1F1B),
-stage_runner.py (one step on one rank), pipelined_model.py (the keras.Model),
+compiled_step.py (one step on one rank, traced), pipelined_model.py (the keras.Model),
 channels.py (the engine's point-to-point channels).
 """
 from __future__ import annotations

@@ -6,8 +6,9 @@
 Each rank holds one stage (tarantella/pipeline/partition.py) of one replica
 (topology.py); `fit`/`evaluate`/`predict` give every rank the same results as
 the unpartitioned model on the same global batches (Note [Scaling the
-micro-batch loss] in stage_runner.py). Steps run eagerly: a step is a Python
-schedule of compiled stage passes and channel transfers.
+micro-batch loss] in compiled_step.py). A step is one tf.function per rank:
+its stage's whole schedule with in-graph transfers, the replica allreduce and
+the optimizer update (compiled_step.py).
 
 Only public Keras extension points: a keras.Model subclass overriding
 train/test/predict_step, get_metrics_result, fit/evaluate/predict (to build
@@ -16,12 +17,14 @@ global batches) and save.
 from __future__ import annotations
 
 import logging
+import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tarantella import collectives, runtime
+from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras import callbacks as rank_callbacks
 from tarantella.keras.metric_reduction import metric_variables, results_from_state
 from tarantella.pipeline import channels as peer_channels
@@ -29,7 +32,7 @@ from tarantella.pipeline import data as pipeline_data
 from tarantella.pipeline.cut import choose_stages
 from tarantella.pipeline.partition import graph_of, partition
 from tarantella.pipeline.schedules import FORWARD, Pass, schedule as make_schedule
-from tarantella.pipeline.stage_runner import StageRunner
+from tarantella.pipeline.compiled_step import MicroBatchData, StageStep
 from tarantella.pipeline.topology import place
 
 __all__ = ["PipelinedModel"]
@@ -78,7 +81,9 @@ class PipelinedModel(keras.Model):
         self._broadcast_initial_weights()
         self._stage_group = collectives.Group.world().split(placement.stage) if size > 1 else None
         self._channels = peer_channels.open_channels() if num_stages > 1 else None
-        self.runner = StageRunner(self.partition, placement, self._channels)
+        self.runner = StageStep(self.partition, placement, self._channels)
+        self._gradient_allreducer = None
+        self._step_functions = {}
         self._global_logs = None
         self.built = True
         if runtime.is_master_rank():
@@ -157,7 +162,8 @@ class PipelinedModel(keras.Model):
     # --- compile -----------------------------------------------------------------------
 
     def compile(self, optimizer="rmsprop", loss=None, metrics=None, run_eagerly=None, jit_compile=False, **kwargs):
-        """As keras.Model.compile; steps always run eagerly (a step is a schedule of compiled passes)."""
+        """As keras.Model.compile. Keras calls train_step eagerly; the step itself is one
+        tf.function (compiled_step.py), so run_eagerly does not apply."""
         if jit_compile not in (False, "auto", None):
             logger.warning("tarantella: jit_compile ignored for a pipelined model")
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, run_eagerly=True, jit_compile=False,
@@ -165,6 +171,7 @@ class PipelinedModel(keras.Model):
         # The whole model is compiled alike, with its own (unbuilt) optimizer, so its saved file is complete.
         whole_optimizer = self.optimizer.__class__.from_config(self.optimizer.get_config())
         self._user.model.compile(optimizer=whole_optimizer, loss=loss, metrics=metrics, **kwargs)
+        self._step_functions = {}
 
     @property
     def loss_tracker(self) -> keras.metrics.Metric:
@@ -196,60 +203,84 @@ class PipelinedModel(keras.Model):
             raise ValueError(f"tarantella: the model has {len(specs)} input(s) but the data has {len(flat)}")
         return flat
 
-    def _micro_batches(self, x):
-        """This replica's part of the global batch: (global size, offset of the part, micro-batch bounds)."""
-        global_size = int(tf.shape(keras.tree.flatten(x)[0])[0])
-        first, count = pipeline_data.replica_part(global_size, self.placement.num_replicas, self.placement.replica)
-        bounds = [(first + a, first + b) for a, b in pipeline_data.micro_batch_bounds(count, self.num_micro_batches)]
-        return global_size, bounds
+    def _step_function(self, mode: str):
+        """The tf.function of a train, test or predict step (retraced per batch size)."""
+        if mode not in self._step_functions:
+            self._step_functions[mode] = tf.function(
+                lambda inputs, targets, weights, start, global_size: self._step_graph(
+                    mode, inputs, targets, weights, start, global_size))
+        return self._step_functions[mode]
 
-    def _run(self, data, training: bool):
+    def _run(self, data, mode: str):
+        """Collective over the replica's stages: one step; returns the traced function's result."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        global_size, bounds = self._micro_batches(x)
-        sizes = [b - a for a, b in bounds]
-        flat_x = self._flat_inputs(x) if self.placement.is_first_stage else None
-        cut = lambda tree, m: None if tree is None else keras.tree.map_structure(  # noqa: E731
-            lambda t: t[bounds[m][0]:bounds[m][1]], tree)
+        global_size = int(tf.shape(keras.tree.flatten(x if x is not None else y)[0])[0])
+        inputs = self._flat_inputs(x) if self.placement.is_first_stage else None
+        last = self.placement.is_last_stage
+        if mode == "train" and not self.optimizer.built:
+            self.optimizer.build(self.stage_model.trainable_variables)
+        began = time.time()
+        result = self._step_function(mode)(inputs, y if last else None, sample_weight if last else None,
+                                            tf.constant(0, tf.int32), global_size)
+        self.runner.record(self._passes(mode), result["times"], began, time.time())
+        return result
 
-        def inputs_of(m):
-            return [tf.convert_to_tensor(t[bounds[m][0]:bounds[m][1]]) for t in flat_x]
+    def _passes(self, mode: str):
+        if mode == "train":
+            return make_schedule(self.schedule_name, self.num_micro_batches, self.placement.num_stages,
+                                 self.placement.stage)
+        return [Pass(FORWARD, m) for m in range(self.num_micro_batches)]
 
-        def last_stage_loss(m, flat_pred):
-            if y is None:
+    def _step_graph(self, mode, inputs, targets, weights, start, global_size: int):
+        """Traced: this rank's whole step (Note [The schedule inside one graph] in compiled_step.py)."""
+        training = mode == "train"
+        first, count = pipeline_data.replica_part(global_size, self.placement.num_replicas, self.placement.replica)
+        part = lambda tree: None if tree is None else keras.tree.map_structure(  # noqa: E731
+            lambda t: t[first:first + count], tree)
+        sizes = tuple(b - a for a, b in pipeline_data.micro_batch_bounds(count, self.num_micro_batches))
+        data = MicroBatchData(part(inputs), part(targets), part(weights), sizes)
+
+        def last_stage_loss(m, flat_pred, y_m, sw_m, n_m):
+            if y_m is None:
                 return None
             y_pred = keras.tree.pack_sequence_as(self._user.model.output, flat_pred)
-            y_m, sw_m = cut(y, m), cut(sample_weight, m)
             loss = self.compute_loss(x=None, y=y_m, y_pred=y_pred, sample_weight=sw_m, training=training)
-            self.loss_tracker.update_state(loss, sample_weight=sizes[m])
+            self.loss_tracker.update_state(loss, sample_weight=n_m)
             self.compute_metrics(None, y_m, y_pred, sample_weight=sw_m)
             if not training:
                 return None
-            share = tf.cast(sizes[m], loss.dtype) / tf.cast(global_size, loss.dtype)  # Note [Scaling the micro-batch loss]
+            share = tf.cast(n_m / global_size, loss.dtype)  # Note [Scaling the micro-batch loss]
             return self.optimizer.scale_loss(loss * share)
 
-        stage, stages = self.placement.stage, self.placement.num_stages
-        passes = (make_schedule(self.schedule_name, self.num_micro_batches, stages, stage) if training
-                  else [Pass(FORWARD, m) for m in range(self.num_micro_batches)])
-        return self.runner.run(passes, sizes, inputs_of, last_stage_loss, training=training)
+        predictions, gradients, tokens, times = self.runner.build(self._passes(mode), data, start,
+                                                                  last_stage_loss, training)
+        result = {"times": times, "sent": tf.add_n(tokens) if tokens else tf.constant(0)}
+        if training:
+            variables = self.stage_model.trainable_variables
+            gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
+            gradients = self._sum_over_replicas(gradients)
+            with tf.control_dependencies([result["sent"]]):
+                self.optimizer.apply(gradients, variables)
+        if mode == "predict" and predictions:
+            outputs = len(next(iter(predictions.values())))
+            result["predictions"] = [tf.concat([predictions[m][i] for m in sorted(predictions)], 0)
+                                     for i in range(outputs)]
+        return result
 
     def train_step(self, data):
-        _, gradients = self._run(data, training=True)
-        variables = self.stage_model.trainable_variables
-        gradients = self._sum_over_replicas(gradients, variables)
-        self.optimizer.apply(gradients, variables)
+        self._run(data, "train")
         return self._publish_logs()
 
     def test_step(self, data):
-        self._run(data, training=False)
+        self._run(data, "test")
         return self._publish_logs()
 
     def predict_step(self, data):
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        predictions, _ = self._run((x,), training=False)
+        result = self._run((x,), "predict")
         mine = None
-        if self.placement.is_last_stage and predictions:
-            mine = [np.concatenate([predictions[m][i].numpy() for m in sorted(predictions)])
-                    for i in range(len(next(iter(predictions.values()))))]
+        if self.placement.is_last_stage and "predictions" in result:
+            mine = [p.numpy() for p in result["predictions"]]
         parts = collectives.allgather_object(mine) if runtime.get_size() > 1 else [mine]
         last = [parts[self.placement.rank_of(r, self.placement.num_stages - 1)]
                 for r in range(self.placement.num_replicas)]
@@ -257,24 +288,16 @@ class PipelinedModel(keras.Model):
                 for i in range(len(keras.tree.flatten(self._user.model.output)))]
         return keras.tree.pack_sequence_as(self._user.model.output, flat)
 
-    def _sum_over_replicas(self, gradients, variables):
-        gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
+    def _sum_over_replicas(self, gradients):
+        """Traced: the sum over the stage's replicas, through the fused reducer's graph ops."""
         if self.placement.num_replicas == 1 or not gradients:
             return gradients
-        # One allreduce per dtype over a flat buffer, in variable order: identical on every replica.
-        result = list(gradients)
-        by_dtype: dict = {}
-        for i, g in enumerate(gradients):
-            by_dtype.setdefault(g.dtype, []).append(i)
-        for indices in by_dtype.values():
-            flat = np.concatenate([gradients[i].numpy().ravel() for i in indices])
-            summed = collectives.allreduce(flat, group=self._stage_group)
-            offset = 0
-            for i in indices:
-                count = int(np.prod(gradients[i].shape))
-                result[i] = tf.convert_to_tensor(summed[offset:offset + count].reshape(gradients[i].shape))
-                offset += count
-        return result
+        if self._gradient_allreducer is None:
+            # Registered in backprop order (the reverse of the variables), as data parallelism does.
+            backward = gradients[::-1]
+            self._gradient_allreducer = GraphAllreducer([g.shape for g in backward], [g.dtype for g in backward],
+                                                        group=self._stage_group)
+        return self._gradient_allreducer(gradients[::-1])[::-1]
 
     # --- logs ------------------------------------------------------------------------------
 

@@ -1,0 +1,75 @@
+#include "c_api_channels.h"
+
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "peer_channels.hpp"
+
+namespace {
+
+int report(const std::string& message, char* out, size_t size) {
+  if (out && size) {
+    std::strncpy(out, message.c_str(), size - 1);
+    out[size - 1] = '\0';
+  }
+  return 1;
+}
+
+// when_done() runs its callback at once if the transfer is already over; that
+// must not happen under the registry's lock (the callback resumes TensorFlow,
+// which may post the next transfer and take the lock again), so such an early
+// completion is remembered and reported after the lock is released.
+struct Completion {
+  enum : int { registering, early, registered };
+  std::atomic<int> state{registering};
+  std::string error;
+  tnt_done_fn done;
+  void* context;
+};
+
+int start(bool send, int channels, int peer, int tag, void* data, size_t bytes, tnt_done_fn done, void* context,
+          char* error, size_t error_size) {
+  auto completion = std::make_shared<Completion>();
+  completion->done = done;
+  completion->context = context;
+  try {
+    const bool found = tnt::PeerChannels::with_channels(channels, [&](tnt::PeerChannels& open) {
+      tnt::TransferPtr transfer = send ? open.send(peer, tag, data, bytes) : open.receive(peer, tag, data, bytes);
+      open.when_done(transfer, [completion](const std::string& failure) {
+        int expected = Completion::registering;
+        if (completion->state.compare_exchange_strong(expected, Completion::early)) {
+          completion->error = failure;
+          return;
+        }
+        completion->done(completion->context, failure.empty() ? nullptr : failure.c_str());
+      });
+    });
+    if (!found) return report("the peer channels " + std::to_string(channels) + " are closed", error, error_size);
+  } catch (const std::exception& e) {
+    return report(e.what(), error, error_size);
+  }
+  int expected = Completion::registering;
+  if (!completion->state.compare_exchange_strong(expected, Completion::registered)) {
+    done(context, completion->error.empty() ? nullptr : completion->error.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+int tnt_channels_send(int channels, int peer, int tag, const void* data, size_t bytes, tnt_done_fn done,
+                      void* context, char* error, size_t error_size) {
+  return start(true, channels, peer, tag, const_cast<void*>(data), bytes, done, context, error, error_size);
+}
+
+int tnt_channels_receive(int channels, int peer, int tag, void* out, size_t bytes, tnt_done_fn done, void* context,
+                         char* error, size_t error_size) {
+  return start(false, channels, peer, tag, out, bytes, done, context, error, error_size);
+}
+
+}  // extern "C"

@@ -1,0 +1,227 @@
+"""One rank's part of a pipeline step, as one traced TensorFlow graph: the
+forward and backward passes of all micro-batches in schedule order, the
+transfers of activations and their gradients to the other stages of the
+replica, and the summed gradients (the caller adds the allreduce and the
+update in the same tf.function; pipelined_model.py).
+
+Note [Scaling the micro-batch loss]
+The unpartitioned model's update is the gradient of the mean loss over the
+global batch of N samples. The last stage of replica r computes, for its
+micro-batch m of n_m samples, Keras's loss L_m (a mean over n_m samples) and
+backpropagates L_m * n_m / N. Summing over the micro-batches (accumulated on
+each stage) and over the replicas (an allreduce sum in the stage's group)
+gives the gradient of sum_m L_m n_m / N, the global mean. The logged loss is
+the global mean too: the loss metric is updated with L_m weighted by n_m and
+metric states are summed over the replicas.
+
+Note [The schedule inside one graph]
+Within a tf.function, TensorFlow runs an op as soon as its inputs exist, so
+the schedule's order has to be written into the graph as dependencies:
+- pass i starts (its inputs are released through tf.identity) only once pass
+  i-1 has produced its outputs: one pass at a time, in schedule order, which
+  is what bounds 1F1B's live activations (TensorFlow frees a forward's
+  activations once its backward has consumed them);
+- the receives of pass i + lookahead are posted once pass i-1 is done, so an
+  activation or a gradient travels (on the engine's progress thread) while
+  this stage computes the passes before it, and at most `lookahead` passes'
+  receive buffers exist ahead of time;
+- a send is posted as soon as the tensor it sends exists, and the step ends
+  only when every send has left (its token is part of the step's result).
+The transfer ops are stateless (Note [Transfers are stateless async ops] in
+csrc/tf/p2p_ops.cc) so that tf.function does not chain them in creation order.
+Each pass is bracketed by tf.timestamp ops: the per-pass compute times of the
+last step (`StepTrace`), from which the benchmark measures the bubble.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tarantella import tf_ops
+from tarantella.pipeline.partition import Partition
+from tarantella.pipeline.schedules import BACKWARD, FORWARD, Pass
+from tarantella.pipeline.topology import Placement
+
+__all__ = ["StageStep", "StepTrace", "MicroBatchData"]
+
+
+class StepTrace:
+    """When this rank computed during the last step (seconds since the epoch, as time.time())."""
+
+    def __init__(self, passes: list[Pass] | None = None, times=None, start: float = 0.0, end: float = 0.0):
+        self.start, self.end = start, end
+        self._kinds = passes or []
+        self._times = times          # a [passes, 2] tensor, read only when asked for
+
+    @property
+    def passes(self) -> list[tuple[str, int, float, float]]:
+        """(kind, micro-batch, compute start, compute end) per pass, in schedule order."""
+        if self._times is None:
+            return []
+        times = np.asarray(self._times)
+        return [(p.kind, p.micro_batch, float(a), float(b)) for p, (a, b) in zip(self._kinds, times)]
+
+    @property
+    def busy(self) -> float:
+        return sum(end - start for _, _, start, end in self.passes)
+
+
+@dataclasses.dataclass
+class MicroBatchData:
+    """What the traced schedule reads from the global batch (None where this stage needs none)."""
+    inputs: list | None        # first stage: the flat model inputs of this replica's part
+    targets: object = None     # last stage: y of this replica's part
+    sample_weight: object = None
+    sizes: tuple = ()          # samples per micro-batch (static)
+
+    def cut(self, tree, m: int):
+        if tree is None:
+            return None
+        start = sum(self.sizes[:m])
+        return keras.tree.map_structure(lambda t: t[start:start + self.sizes[m]], tree)
+
+
+class _Forward:
+    """What a forward pass leaves for its backward pass."""
+
+    def __init__(self, tape, received, outputs, loss):
+        self.tape, self.received, self.outputs, self.loss = tape, received, outputs, loss
+
+
+class StageStep:
+    """Builds the graph of one stage's schedule (call `build` while tracing)."""
+
+    def __init__(self, partition: Partition, placement: Placement, channels, lookahead: int = 2):
+        self.partition = partition
+        self.placement = placement
+        self.channels_id = channels.id if channels is not None else 0
+        self.lookahead = lookahead
+        self.stage = placement.stage
+        self.plan = partition.stages[self.stage]
+        self.model = self.plan.model
+        self.edges_in = partition.edges_into(self.stage)
+        self.edges_out = partition.edges_out_of(self.stage)
+        self._ops = tf_ops.load_ops() if channels is not None else None
+        self.trace = StepTrace()
+
+    def record(self, passes: list[Pass], times, start: float, end: float) -> None:
+        self.trace = StepTrace(passes, times, start, end)
+
+    # --- transfers ----------------------------------------------------------------
+
+    def _tag(self, micro_batch: int, edge: int, backward: bool) -> int:
+        return (micro_batch * len(self.partition.edges) + edge) * 2 + int(backward)
+
+    def _send(self, tensor, stage: int, tag: int):
+        return self._ops.tnt_send(tensor, channels=self.channels_id, peer=self.placement.peer(stage), tag=tag)
+
+    def _receive(self, after, edge, n: int, stage: int, tag: int):
+        return self._ops.tnt_receive(after, T=tf.as_dtype(edge.dtype), shape=(n,) + tuple(edge.shape),
+                                     channels=self.channels_id, peer=self.placement.peer(stage), tag=tag)
+
+    def _post_receives(self, p: Pass, n: int, after) -> dict:
+        if p.kind == FORWARD:
+            return {e.id: self._receive(after, e, n, e.source, self._tag(p.micro_batch, e.id, False))
+                    for e in self.edges_in}
+        return {e.id: self._receive(after, e, n, e.target, self._tag(p.micro_batch, e.id, True))
+                for e in self.edges_out if e.differentiable}
+
+    # --- the schedule -----------------------------------------------------------------
+
+    def build(self, passes: list[Pass], data: MicroBatchData, start, last_stage_loss, training: bool):
+        """Traced: the ops of `passes` (Note [The schedule inside one graph]). `start` is an int32
+        scalar argument of the tf.function (a receive must not depend on constants only, or graph
+        optimisation could run it). last_stage_loss(m, y_pred_flat, y_m, sample_weight_m, n_m):
+        the last stage's scaled loss of micro-batch m (None when not training).
+
+        Returns (predictions {m: flat y_pred} on the last stage, summed gradients (None where a
+        variable got none), send tokens, pass times [passes, 2])."""
+        variables = self.model.trainable_variables
+        gradients = [None] * len(variables)
+        received, live, predictions, tokens, times = {}, {}, {}, [], []
+        previous = []          # the outputs of the pass before
+        posted = 0
+        for index, p in enumerate(passes):
+            after = start
+            if previous:
+                with tf.control_dependencies(previous):
+                    after = tf.identity(start)
+            while posted < min(len(passes), index + 1 + self.lookahead):
+                q = passes[posted]
+                received[posted] = self._post_receives(q, data.sizes[q.micro_batch], after)
+                posted += 1
+            arrived = received.pop(index)
+            with tf.control_dependencies(previous + list(arrived.values())):
+                began = tf.timestamp()
+            with tf.control_dependencies([began]):
+                arrived = {e: tf.identity(t) for e, t in arrived.items()}
+            m = p.micro_batch
+            if p.kind == FORWARD:
+                live[m], sends, y_pred, done = self._forward(m, arrived, data, began, last_stage_loss, training)
+                if y_pred is not None:
+                    predictions[m] = y_pred
+            else:
+                sends, done = self._backward(m, live.pop(m), arrived, began, variables, gradients)
+            tokens.extend(sends)
+            with tf.control_dependencies(done):
+                times.append(tf.stack([began, tf.timestamp()]))
+            previous = done
+        return predictions, gradients, tokens, tf.stack(times) if times else tf.zeros((0, 2), tf.float64)
+
+    def _forward(self, m, arrived, data, began, last_stage_loss, training):
+        if self.placement.is_first_stage:
+            with tf.control_dependencies([began]):
+                inputs = [tf.identity(t) for t in data.cut(data.inputs, m)]
+        else:
+            inputs = [arrived[e] for e in self.plan.input_edges]
+        tape = tf.GradientTape() if training else None
+        if tape is not None:
+            tape.__enter__()
+            tape.watch([t for e, t in arrived.items() if self.partition.edges[e].differentiable])
+        try:
+            outputs = [tf.convert_to_tensor(o) for o in keras.tree.flatten(self.model(inputs, training=training))]
+            loss, y_pred = None, None
+            if self.placement.is_last_stage:
+                y_pred = [outputs[i] if kind == "computed" else arrived[i] for kind, i in self.plan.model_outputs]
+                loss = last_stage_loss(m, y_pred, data.cut(data.targets, m), data.cut(data.sample_weight, m),
+                                       data.sizes[m])
+        finally:
+            if tape is not None:
+                tape.__exit__(None, None, None)
+        sends = []
+        for output, edges in zip(outputs, self.plan.output_edges):
+            for e in edges:
+                sends.append(self._send(output, self.partition.edges[e].target, self._tag(m, e, False)))
+        done = outputs + ([loss] if loss is not None else [])
+        return (_Forward(tape, arrived, outputs, loss) if training else None), sends, y_pred, done
+
+    def _backward(self, m, state: _Forward, arrived, began, variables, gradients):
+        if self.placement.is_last_stage:
+            with tf.control_dependencies([began]):
+                seed = tf.ones_like(state.loss)
+            targets, output_gradients = [state.loss], [seed]
+        else:
+            targets, output_gradients = [], []
+            for output, edges in zip(state.outputs, self.plan.output_edges):
+                grads = [arrived[e] for e in edges if e in arrived]
+                if grads:
+                    targets.append(output)
+                    output_gradients.append(tf.add_n(grads) if len(grads) > 1 else grads[0])
+        sources = [e for e in state.received if self.partition.edges[e].differentiable]
+        results = state.tape.gradient(targets, [state.received[e] for e in sources] + list(variables),
+                                      output_gradients=output_gradients,
+                                      unconnected_gradients=tf.UnconnectedGradients.NONE)
+        sends, done = [], []
+        for e, grad in zip(sources, results[:len(sources)]):
+            grad = tf.zeros_like(state.received[e]) if grad is None else tf.convert_to_tensor(grad)
+            sends.append(self._send(grad, self.partition.edges[e].source, self._tag(m, e, True)))
+            done.append(grad)
+        for i, grad in enumerate(results[len(sources):]):
+            if grad is not None:
+                grad = tf.convert_to_tensor(grad)
+                gradients[i] = grad if gradients[i] is None else gradients[i] + grad
+                done.append(gradients[i])
+        return sends, done or [tf.constant(0)]
