@@ -26,6 +26,7 @@ How a failure is found and reported:
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,10 +62,27 @@ def _where(record: dict) -> str:
     return f"rank {record['rank']} (host {record.get('host', '?')})"
 
 
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception|Exit|Interrupt)\b.*)$")
+_CAUSE_CHARS = 240
+
+
+def exception_summary(stderr_tail: str | None) -> str | None:
+    """The last `SomeError: message` line of a rank's stderr (module path dropped), so
+    that the report's first line says why the rank failed."""
+    for line in reversed((stderr_tail or "").splitlines()):
+        match = _EXCEPTION_LINE.match(line.strip())
+        if match:
+            text = match.group(1)
+            return text if len(text) <= _CAUSE_CHARS else text[:_CAUSE_CHARS - 3] + "..."
+    return None
+
+
 def failure_report(first: dict, records: list[dict]) -> str:
     size = f" of {first['size']}" if first.get("size") else ""
+    cause = exception_summary(first.get("stderr_tail"))
     lines = [f"tarantella: error: rank {first['rank']}{size} failed first: it "
-             f"{describe_end(first)} on host {first.get('host', '?')}",
+             f"{describe_end(first)} on host {first.get('host', '?')}"
+             + (f": {cause}" if cause else ""),
              f"  root cause : rank {first['rank']}{size}, local rank "
              f"{first.get('local_rank', '?')}, host {first.get('host', '?')}, "
              f"pid {first.get('pid', '?')}",

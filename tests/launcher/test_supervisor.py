@@ -19,10 +19,20 @@ def test_report_names_the_root_cause_first():
     report = failure_report(FAILED, [FAILED, stopped, later])
     first, *rest = report.splitlines()
     assert first == ("tarantella: error: rank 2 of 4 failed first: it exited with code 3 "
-                     "on host node7")
+                     "on host node7: ValueError: bad batch")
     assert "    | ValueError: bad batch" in rest
     assert any("rank 3 (host node7) exited with code 1" in line for line in rest)
     assert any("1 rank(s) ended by the MPI or the launcher" in line for line in rest)
+
+
+def test_the_first_line_names_the_last_exception_without_its_module():
+    tail = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+            "tarantella._engine.CollectiveTimeoutError: allreduce timed out after 5 s\n"
+            "[rank 0] aborting\n")
+    first = failure_report(dict(FAILED, stderr_tail=tail), []).splitlines()[0]
+    assert first.endswith("on host node7: CollectiveTimeoutError: allreduce timed out after 5 s")
+    assert failure_report(dict(FAILED, stderr_tail="just words\n"), []).splitlines()[0] \
+        .endswith("on host node7")
 
 
 def test_report_of_a_signal():
