@@ -1,15 +1,15 @@
-"""Turn the user's training data into this rank's stream of micro-batches.
+"""The stream of this rank's micro-batches: its element format, and the arithmetic on tensors.
 
-Every element this module yields is a dict (see `DistributedElement`): the
+Every element of such a stream is a dict: the
 rank's micro-batch (`tnt_data`, in the usual Keras `(x, y, sample_weight)`
 form), the size of the global batch it came from, and the position of the
 micro-batch's first sample in the epoch. The step functions use the global
-size to weight this rank's loss (tarantella/keras/loss_scaling.py) and
+size to weight this rank's loss (Note [Loss of the global batch]) and
 `predict` uses the position to put results back in input order.
 
-All ranks must see the same sequence of global batches: a tf.data pipeline
-with an unseeded shuffle gives every rank its own order (samples get lost or
-repeated); seed it (`dataset.shuffle(n, seed=...)`).
+Arrays are never copied per step: `from_arrays` captures them once and
+gathers each step's micro-batch by index. All ranks must see the same
+sequence of global batches (Note [Same order on every rank] in order_check.py).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from tarantella.data import batching
 
-__all__ = ["DATA", "GLOBAL_SIZE", "FIRST_INDEX", "is_distributed_element", "from_arrays", "class_weights_as_sample_weights",
-           "from_batched_dataset", "from_unbatched_dataset"]
+__all__ = ["DATA", "GLOBAL_SIZE", "FIRST_INDEX", "is_distributed_element", "rank_range", "rank_start_count", "sliced_for_rank",
+           "from_arrays", "class_weights_as_sample_weights"]
 
 DATA = "tnt_data"
 GLOBAL_SIZE = "tnt_global_size"
@@ -30,15 +30,25 @@ def is_distributed_element(data) -> bool:
     return isinstance(data, dict) and DATA in data and GLOBAL_SIZE in data
 
 
-def _slice_for_rank(batch, size: int, rank: int):
-    """This rank's contiguous part of a global batch (tensors), with the batch's size and the part's start."""
-    first = tf.nest.flatten(batch)[0]
-    total = tf.shape(first, out_type=tf.int64)[0]
+def rank_range(batch, size: int, rank: int):
+    """(global batch size, start, count) of this rank's contiguous part of a global batch (int64 tensors)."""
+    total = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+    return (total,) + rank_start_count(total, size, rank)
+
+
+def rank_start_count(total, size: int, rank: int):
+    """(start, count) of this rank's part of a global batch of `total` samples (int64 tensors)."""
     base, extra = total // size, total % size
     count = base + tf.cast(rank < extra, tf.int64)
     start = rank * base + tf.minimum(tf.constant(rank, tf.int64), extra)
+    return start, count
+
+
+def _slice_for_rank(batch, size: int, rank: int):
+    """This rank's contiguous part of a global batch (tensors), with the batch's size and the part's start."""
+    total, start, count = rank_range(batch, size, rank)
     part = tf.nest.map_structure(lambda tensor: tensor[start:start + count], batch)
-    static_total = first.shape[0]
+    static_total = tf.nest.flatten(batch)[0].shape[0]
     if static_total is not None:
         # Every global batch has this size (tf.data says so): keep the micro-batch's shape static too,
         # as plain Keras would see it; TensorFlow runs fully static shapes faster.
@@ -48,21 +58,16 @@ def _slice_for_rank(batch, size: int, rank: int):
     return part, total, start
 
 
-def from_batched_dataset(dataset: tf.data.Dataset, size: int, rank: int) -> tf.data.Dataset:
-    """Each element of `dataset` is a global batch; keep this rank's part of each."""
+def sliced_for_rank(dataset: tf.data.Dataset, size: int, rank: int, fingerprint=None) -> tf.data.Dataset:
+    """Each element of `dataset` is a global batch, read in full; keep this rank's part of each.
+    (The fallback for pipelines tarantella/data/rank_pipeline.py cannot rewrite.)"""
     def take_part(offset, batch):
+        if fingerprint is not None:
+            fingerprint.record(tf.equal(offset, 0), batch)
         part, total, start = _slice_for_rank(batch, size, rank)
         return offset + total, {DATA: part, GLOBAL_SIZE: total, FIRST_INDEX: offset + start}
 
     return dataset.scan(tf.constant(0, tf.int64), take_part)
-
-
-def from_unbatched_dataset(dataset: tf.data.Dataset, micro_batch_size: int, size: int,
-                           rank: int) -> tf.data.Dataset:
-    """`dataset` yields single samples; global batches hold `micro_batch_size` per rank."""
-    if micro_batch_size < 1:
-        raise ValueError(f"tarantella: tnt_micro_batch_size must be at least 1, got {micro_batch_size}")
-    return from_batched_dataset(dataset.batch(micro_batch_size * size), size, rank)
 
 
 def from_arrays(arrays, batch_size: int, shuffle: bool, seed: int, size: int, rank: int) -> tf.data.Dataset:

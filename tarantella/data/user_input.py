@@ -1,16 +1,32 @@
 """What `fit`/`evaluate`/`predict` accept, turned into this rank's micro-batch stream.
 
-Accepted, as in Keras: a batched tf.data.Dataset (each element a global batch);
-an unbatched one with `tnt_micro_batch_size` (global batch = that times the
-rank count); numpy arrays, lists/tuples/dicts of arrays, with `batch_size` (the
-global batch size, default 32 as in Keras).
+    distribute(x, y, sample_weight, batch_size=..., size=N, rank=r) -> tf.data.Dataset
+
+is THE function that turns any user input into this rank's stream of
+micro-batches (elements as in tarantella/data/distributed_dataset.py); the
+model's fit/evaluate/predict and `tnt.distribute_dataset` use it. Accepted, as
+in Keras:
+- a batched tf.data.Dataset (each element a global batch): rewritten so that
+  each rank runs the per-sample work for its own samples only (Note [Rewriting
+  the user's pipeline] in rank_pipeline.py), or, where that would change a
+  batch, read in full and sliced, with one warning line on the master;
+- an unbatched tf.data.Dataset with `micro_batch_size` (global batch = that
+  times the rank count): the same, as `dataset.batch(micro_batch_size * N)`;
+- numpy arrays, lists/tuples/dicts of arrays, with `batch_size` (the global
+  batch size, default 32 as in Keras): each step gathers only the rank's rows;
+- a keras.utils.PyDataset or a Python generator of batches (python_input.py);
+- a stream already distributed (`distribute_datasets_from_function`, or a
+  second call on distribute's own output): passed through.
+The order of the pipeline's samples must be the same on every rank: unseeded
+shuffles are refused, and `order_check.callbacks(...)` compares the first
+global batches after the first step (Note [Same order on every rank]).
 """
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
 
-from tarantella.data import batching, distributed_dataset
+from tarantella.data import batching, distributed_dataset, order_check, python_input, rank_pipeline
 
 __all__ = ["distribute", "split_for_validation"]
 
@@ -30,23 +46,37 @@ def _as_arrays(value):
 def distribute(x, y=None, sample_weight=None, *, batch_size=None, micro_batch_size=None, shuffle=False,
                seed=0, class_weight=None, size: int, rank: int, what: str = "batch_size") -> tf.data.Dataset:
     """This rank's micro-batches of the user's data (see tarantella.data.distributed_dataset)."""
-    if isinstance(x, tf.data.Dataset):
+    if isinstance(x, tf.data.Dataset) and distributed_dataset.is_distributed_element(x.element_spec):
+        return x
+    python_kind = ("keras.utils.PyDataset" if python_input.is_py_dataset(x)
+                   else "Python generator" if python_input.is_generator(x) else None)
+    if isinstance(x, tf.data.Dataset) or python_kind:
         if y is not None or sample_weight is not None:
-            raise ValueError("tarantella: with a tf.data.Dataset, pass targets and sample weights inside the "
-                             "dataset, not as `y`/`sample_weight` (as in Keras)")
+            raise ValueError(f"tarantella: with a {python_kind or 'tf.data.Dataset'}, pass targets and sample "
+                             f"weights inside it, not as `y`/`sample_weight` (as in Keras)")
         if class_weight:
             raise ValueError("tarantella: class_weight is supported for array inputs only; fold the weights "
                              "into the dataset as sample weights")
+        if micro_batch_size is not None and python_kind:
+            raise ValueError(f"tarantella: a {python_kind} yields global batches: tnt_micro_batch_size applies to "
+                             f"unbatched tf.data.Datasets only")
+        if batch_size is not None and micro_batch_size is None:
+            raise ValueError(f"tarantella: `{what}` cannot be used with a {python_kind or 'tf.data.Dataset'} (as in "
+                             f"Keras): batch the input with the global batch size"
+                             + ("" if python_kind else ", or pass it unbatched with tnt_micro_batch_size"))
+        if python_kind:
+            rank_pipeline.warn_on_master(rank, python_input.NOTE.format(kind=python_kind))
+            batches = (python_input.from_py_dataset(x, shuffle, seed) if python_input.is_py_dataset(x)
+                       else python_input.from_generator(x))
+            return _sliced(batches, size, rank)
         if micro_batch_size is not None:
-            return distributed_dataset.from_unbatched_dataset(x, micro_batch_size, size, rank)
-        if batch_size is not None:
-            raise ValueError(f"tarantella: `{what}` cannot be used with a tf.data.Dataset (as in Keras): batch "
-                             f"the dataset with the global batch size, or pass it unbatched with "
-                             f"tnt_micro_batch_size")
-        return distributed_dataset.from_batched_dataset(x, size, rank)
+            if micro_batch_size < 1:
+                raise ValueError(f"tarantella: tnt_micro_batch_size must be at least 1, got {micro_batch_size}")
+            x = x.batch(micro_batch_size * size)
+        return from_batched_dataset(x, size, rank)
     if x is None or not _is_arrays(x):
         raise TypeError(f"tarantella: unsupported input of type {type(x).__name__}: pass numpy arrays (or "
-                        f"lists/dicts of them) or a tf.data.Dataset")
+                        f"lists/dicts of them), a tf.data.Dataset, a keras.utils.PyDataset or a generator")
     if micro_batch_size is not None:
         if batch_size is not None:
             raise ValueError(f"tarantella: pass either `{what}` (global) or the micro-batch size, not both")
@@ -63,9 +93,33 @@ def distribute(x, y=None, sample_weight=None, *, batch_size=None, micro_batch_si
     return distributed_dataset.from_arrays(parts, batch_size, shuffle, seed, size, rank)
 
 
+def from_batched_dataset(dataset: tf.data.Dataset, size: int, rank: int) -> tf.data.Dataset:
+    """This rank's micro-batches of a pipeline of global batches: rewritten if possible, else sliced."""
+    if size > 1:
+        unseeded = rank_pipeline.unseeded_shuffles(dataset)
+        if unseeded:
+            raise ValueError(f"tarantella: the input pipeline has an unseeded {unseeded[0]}: every rank would shuffle "
+                             f"differently and samples would be lost and repeated; give it a seed, the same on all "
+                             f"ranks (`dataset.shuffle(n, seed=42)`), or set tf.random.set_seed(...) before "
+                             f"building the pipeline")
+    the_plan = rank_pipeline.plan(dataset)
+    if isinstance(the_plan, str):
+        rank_pipeline.warn_on_master(rank, f"tarantella: every rank reads every global batch in full: {the_plan}")
+        return _sliced(dataset, size, rank)
+    for note in the_plan.notes:
+        rank_pipeline.warn_on_master(rank, note)
+    fingerprint = order_check.Fingerprint()
+    return order_check.attach(rank_pipeline.for_rank(dataset, the_plan, size, rank, fingerprint), fingerprint)
+
+
+def _sliced(dataset: tf.data.Dataset, size: int, rank: int) -> tf.data.Dataset:
+    fingerprint = order_check.Fingerprint()
+    return order_check.attach(distributed_dataset.sliced_for_rank(dataset, size, rank, fingerprint), fingerprint)
+
+
 def split_for_validation(x, y, sample_weight, validation_split: float):
     """Keras's `validation_split` on arrays: the last fraction (before shuffling) validates."""
-    if isinstance(x, tf.data.Dataset):
+    if not _is_arrays(x):
         raise ValueError("tarantella: validation_split is only supported for array inputs (as in Keras); "
                          "pass validation_data instead")
     x, y, sample_weight = (None if part is None else _as_arrays(part) for part in (x, y, sample_weight))
