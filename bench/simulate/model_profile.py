@@ -6,6 +6,8 @@
     gradients    one entry per trainable variable, in the order backprop produces them
                  (last layer first): bytes and `ready_fraction`, the share of the
                  backward pass done when the gradient is complete
+    step_times_s the 1-device run's timed steps (their spread: stragglers), `threads`
+                 the cores it used
 
 Backprop is timed as a whole; its split over layers is estimated from each layer's
 cost (2 x weights used x output positions, plus the elementwise work of every layer),
@@ -16,6 +18,7 @@ it (a shared embedding: only at the very end).
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
@@ -134,5 +137,21 @@ def save_profile(profile: dict, path: str) -> None:
 
 
 def load_profile(path: str) -> dict:
+    """The profile; one written before profiles kept their step times gets them from the
+    1-device run of its sweep directory (runs.csv beside it), the run it was measured in."""
     with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+        profile = json.load(handle)
+    if "step_times_s" not in profile:
+        profile["step_times_s"] = _one_device_step_times(os.path.join(os.path.dirname(path), "runs.csv"))
+    return profile
+
+
+def _one_device_step_times(runs_csv: str) -> list[float]:
+    import csv
+    if not os.path.exists(runs_csv):
+        return []
+    with open(runs_csv, newline="", encoding="utf-8") as handle:
+        for row in csv.DictReader(handle):
+            if row.get("devices") == "1" and row.get("simulated") in ("False", "false", "0"):
+                return [float(t) for t in json.loads(row["step_times_s"])]
+    return []

@@ -10,10 +10,11 @@ cd "$(dirname "$0")/../.."
 out=results/bench
 run() { echo "+ tnt-bench $*" >&2; python -m bench "$@"; }
 
-# 1-device profiles of the full-size models (few steps: only the profile is used).
-run scaling --model resnet50 --devices 1 --micro-batch 8 --steps 2 --warmup-steps 1 --no-plots \
+# 1-device profiles of the full-size models (10 steps: their spread sets the simulated stragglers,
+# which need at least 5).
+run scaling --model resnet50 --devices 1 --micro-batch 8 --steps 10 --warmup-steps 1 --no-plots \
     --out $out/resnet50_profile
-run scaling --model transformer --devices 1 --micro-batch 8 --steps 2 --warmup-steps 1 --no-plots \
+run scaling --model transformer --devices 1 --micro-batch 8 --steps 10 --warmup-steps 1 --no-plots \
     --out $out/transformer_profile
 # Micro-batches as in the seeds: 64 per GPU, 256 per CPU process.
 for cluster in hpc_da supermuc_ng; do
@@ -28,7 +29,7 @@ run plot $out/transformer_hpc_da_simulated $out/transformer_supermuc_ng_simulate
 
 run scaling --model resnet50_small --micro-batch 32 --devices 1,2,4 --oversubscribe --steps 10 \
     --warmup-steps 2 --cluster this_machine --out $out/resnet50_small_tnt
-# (re-predicted after the simulation was anchored at the measured 1-device step)
+# Out of sample: predicted from the 1-rank data only (results/validation/README.md).
 run validate $out/resnet50_small_tnt --cluster this_machine
 run scaling --model transformer_small --devices 1,2,4 --oversubscribe --steps 10 --warmup-steps 2 \
     --cluster this_machine --out $out/transformer_small_tnt
@@ -39,3 +40,6 @@ run plot $out/resnet50_small_tnt $out/resnet50_small_keras --out $out/resnet50_s
 # Time to accuracy of the mini benchmark (tnt.Model), MLPerf style.
 run train --benchmark mini_digits -n 1 --out $out/train_mini_digits_1dev
 run train --benchmark mini_digits -n 2 --out $out/train_mini_digits_2dev
+
+# Published results of another system (no runs): Horovod's benchmark efficiencies.
+run validate --published horovod --out results/validation/horovod

@@ -30,23 +30,25 @@ def _tnt_bench(*argv, timeout):
 
 @pytest.mark.multirank
 @pytest.mark.timeout(200)
-def test_sweep_1_to_2_writes_documented_files(tmp_path):
+def test_sweep_beyond_the_machine_measures_what_fits_and_simulates_the_rest(tmp_path):
     out = tmp_path / "sweep"
-    done = _tnt_bench("scaling", "--model", "resnet_tiny", "--devices", "1..2", "--framework", _framework(),
-                      "--steps", "3", "--warmup-steps", "1", "--cluster", "this_machine", "--out", str(out),
-                      timeout=180)
+    done = _tnt_bench("scaling", "--model", "resnet_tiny", "--devices", "1,2,64", "--framework", _framework(),
+                      "--steps", "3", "--warmup-steps", "1", "--out", str(out), timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "[2/2]" in done.stderr                                    # the progress display
     runs = pd.read_csv(out / "runs.csv")
     assert list(runs.columns[:len(RUN_COLUMNS)]) == RUN_COLUMNS
     measured = runs[~runs["simulated"]]
     simulated = runs[runs["simulated"]]
-    assert list(measured["devices"]) == [1, 2] and list(simulated["devices"]) == [1, 2]
-    assert (simulated["cluster"] == "this-machine").all()
+    assert list(measured["devices"]) == [1, 2]                       # what fits on 2 cores
+    assert list(simulated["devices"]) == [1, 2, 64]                  # the whole series, simulated
+    assert (simulated["cluster"] == "SuperMUC-NG").all()             # the stated default
     for column in ("step_time_median_s", "throughput", "epoch_time_s", "speedup", "efficiency"):
         assert (runs[column] > 0).all(), column
     assert measured.loc[measured["devices"] == 1, "speedup"].item() == pytest.approx(1.0)
     assert simulated.loc[simulated["devices"] == 1, "speedup"].item() == pytest.approx(1.0)
+    assert set(measured["speedup_baseline"]) == {"measured 1 device"}
+    assert set(simulated["speedup_baseline"]) == {"simulated 1 device"}
     assert (measured["global_batch"] == measured["micro_batch"] * measured["devices"]).all()
     assert all(len(json.loads(times)) == 3 for times in measured["step_times_s"])
     assert (runs["throughput_unit"] == "images/s").all()
@@ -55,14 +57,16 @@ def test_sweep_1_to_2_writes_documented_files(tmp_path):
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model"]["name"] == "resnet_tiny"
-    assert [p["devices"] for p in summary["points"] if not p["simulated"]] == [1, 2]
+    assert summary["measured_counts"] == [1, 2] and summary["simulated_counts"] == [1, 2, 64]
     assert summary["machine"]["physical_cores"] >= 1 and "git_commit" in summary["source"]
-    assert [v["devices"] for v in summary["validation"]] == [1, 2]
-    assert (out / "validation.csv").exists()
+    assert summary["cluster"]["name"] == "SuperMUC-NG" and len(summary["cluster"]["sha256"]) == 64
+    assert not (out / "validation.csv").exists()                     # another machine: no validation
     profile = json.loads((out / "profile.json").read_text())
-    assert profile["step_s"] > 0 and len(profile["gradients"]) > 0
+    assert profile["step_s"] > 0 and len(profile["gradients"]) > 0 and len(profile["step_times_s"]) == 3
     for name in ("epoch_time.png", "epoch_time.svg", "speedup.png", "speedup.svg"):
         assert (out / name).stat().st_size > 0
+    svg = (out / "speedup.svg").read_text()
+    assert "measured" in svg and "simulated: SuperMUC-NG" in svg
 
 
 @pytest.mark.timeout(120)

@@ -37,12 +37,12 @@ def test_expected_maximum_of_normal_draws():
     values = [expected_max_standard_normal(n) for n in (2, 8, 64, 512)]
     assert values == sorted(values) and values[-1] == pytest.approx(3.04, abs=0.01)
     assert straggler_factor(0.1, 2) == pytest.approx(1 + 0.1 / math.sqrt(math.pi), rel=1e-4)
-    assert measured_cv([1.0, 1.0]) == 0.0 and measured_cv([1.0]) == 0.0
-    assert measured_cv([0.9, 1.1]) == pytest.approx(0.1)
+    assert measured_cv([1.0] * 6) == 0.0 and measured_cv([0.9, 1.1]) == 0.0   # too few steps: unknown
+    assert measured_cv([0.9, 1.1] * 3) == pytest.approx(0.1)
 
 
 def test_stragglers_come_from_the_measured_run_unless_the_profile_states_them():
-    profile = _one_bucket_profile(step_times_s=[0.09, 0.11])
+    profile = _one_bucket_profile(step_times_s=[0.09, 0.11] * 3)
     cluster = _gpu(straggler_cv=None)
     assert straggler_cv(profile, cluster) == pytest.approx(0.1)
     assert straggler_cv(profile, _gpu(straggler_cv=0.03)) == 0.03
@@ -141,7 +141,7 @@ def test_efficiency_falls_with_scale_on_a_real_profile():
     # Not linear by construction: copies, latency steps, shared links and stragglers all grow.
     cluster = load_cluster_profile("hpc_da")
     profile = fake_profile(model="resnet50", tensors=160, tensor_bytes=640_000)   # ~100 MB
-    profile["step_times_s"] = [0.098, 0.1, 0.102, 0.1]
+    profile["step_times_s"] = [0.098, 0.1, 0.102, 0.1, 0.1]
     one = predict_step(profile, cluster, 64, 1).step_s
     efficiencies = [one / predict_step(profile, cluster, 64, n).step_s for n in (6, 24, 96)]
     assert all(e < 1.0 for e in efficiencies)
