@@ -1,15 +1,26 @@
 """`tnt-repro check`: plan the runs, execute them, compare, report.
 
 Runs, in this order (each with its own record directory under OUT/runs/):
-  serial              1 rank, plain python, the harness's seed: the reference
-  calibration         tolerance mode: serial with reversed batches (Note [Measured tolerance])
-  N devices           each device count N (1 included), through the launcher, same seed
+  serial              1 rank, plain python, the harness's seed: the reference; stores its
+                      weights at every step (Note [Every element compared])
+  N devices           each device count N (1 included), through the launcher, same seed;
+                      a run on N > 1 ranks that reduced no gradient is NOT DISTRIBUTED and
+                      ends the check (the other runs would be alike)
   N devices (repeat)  the largest device count again: run-to-run determinism
+  serial (production) exact mode only: serial with the production train step (exact mode
+                      off), compared with the exact serial reference
+  calibration         serial (tolerance mode) or serial (production) (exact mode) with
+                      reversed batches (Note [Measured tolerance])
   as written 1 and 2  serial twice with deterministic ops and threads but without the
                       harness's seeds: does the script seed itself? (--no-as-written skips)
 Every run gets tarantella.determinism.environment(seed) (threads, op determinism,
 PYTHONHASHSEED); exact mode adds TNT_EXACT_VIRTUAL_BATCHES and the
-recursive-doubling allreduce to all of them.
+recursive-doubling allreduce to all runs but serial (production) and its calibration.
+Every run after the reference names the record it is compared with (TNT_REPRO_REFERENCE):
+its master rank computes its differences to that record's weights on the rank.
+--wrap (TNT_REPRO_WRAP, repro/wrap.py) trains the script's keras.Model through tnt.Model in
+the runs through the launcher and in exact mode's serial reference; the serial reference of
+tolerance mode, serial (production) and the calibration run the script as written.
 """
 from __future__ import annotations
 
@@ -18,8 +29,10 @@ import os
 
 from repro import progress as progress_display
 from repro import records, runs, tolerance as tolerance_module, verdicts
+from repro import wrap as wrap_module
 from repro.compare import differences
 from tarantella import determinism
+from tarantella._repro import hook
 
 __all__ = ["CheckOptions", "CheckOutcome", "plan_runs", "run_check", "CheckError"]
 
@@ -41,6 +54,7 @@ class CheckOptions:
     out: str
     timeout: float                 # seconds per run
     as_written: bool
+    wrap: bool = False             # train the script's keras.Model through tnt.Model (repro/wrap.py)
 
 
 @dataclasses.dataclass
@@ -55,29 +69,53 @@ class CheckOutcome:
         return bool(self.verdicts) and all(v["verdict"] in verdicts.PASSING for v in self.verdicts)
 
 
-def _common_env(options: CheckOptions) -> dict[str, str]:
+PRODUCTION = "serial (production)"
+
+
+def _common_env(options: CheckOptions, exact: bool) -> dict[str, str]:
     env = determinism.environment(options.seed)
     if options.steps:
         env["TNT_REPRO_MAX_STEPS"] = str(options.steps)
     if options.epochs:
         env["TNT_REPRO_MAX_EPOCHS"] = str(options.epochs)
-    if options.mode == "exact":
+    if exact:
         env["TNT_EXACT_VIRTUAL_BATCHES"] = str(options.virtual_batches)
         env["TNT_ALLREDUCE_ALGORITHM"] = "recursive_doubling"
     return env
 
 
+def _with(env: dict, *, reference: str | None = None, store: bool = False, wrap: bool = False, **extra) -> dict:
+    env = {**env, **extra}
+    if reference:
+        env[hook.REFERENCE_VARIABLE] = reference
+    if store:
+        env[hook.STORE_WEIGHTS_VARIABLE] = "1"
+    if wrap:
+        env[wrap_module.WRAP_VARIABLE] = "1"
+    return env
+
+
 def plan_runs(options: CheckOptions) -> list[runs.RunSpec]:
-    env = _common_env(options)
-    plan = [runs.RunSpec("serial", 1, "reference", env, use_launcher=False)]
-    if options.mode == "tolerance":
-        plan.append(runs.RunSpec("calibration", 1, "calibration", {**env, "TNT_REPRO_CALIBRATE": "reverse"}, False))
+    exact = options.mode == "exact"
+    env = _common_env(options, exact)
+    serial = _directory(options, "serial")
+    plan = [runs.RunSpec("serial", 1, "reference", _with(env, store=True, wrap=options.wrap and exact), False)]
+    distributed = _with(env, reference=serial, wrap=options.wrap)
     for devices in sorted(set(options.devices)):
-        plan.append(runs.RunSpec(_devices_name(devices), devices, "distributed", env, True))
+        plan.append(runs.RunSpec(_devices_name(devices), devices, "distributed", distributed, True))
     repeat = max(options.devices)
-    plan.append(runs.RunSpec(_devices_name(repeat) + " (repeat)", repeat, "repeat", env, True))
+    plan.append(runs.RunSpec(_devices_name(repeat) + " (repeat)", repeat, "repeat", distributed, True))
+    calibrated = serial
+    if exact:
+        production_env = _common_env(options, exact=False)
+        plan.append(runs.RunSpec(PRODUCTION, 1, "production", _with(production_env, reference=serial, store=True),
+                                 False))
+        calibrated, env = _directory(options, PRODUCTION), production_env
+    plan.append(runs.RunSpec("calibration", 1, "calibration",
+                             _with(env, reference=calibrated, TNT_REPRO_CALIBRATE="reverse"), False))
     if options.as_written:
-        unseeded = {key: value for key, value in env.items() if key != determinism.SEED_VARIABLE}
+        unseeded = {key: value for key, value in _common_env(options, exact).items()
+                    if key != determinism.SEED_VARIABLE}
         unseeded["TNT_REPRO_OPS_ONLY"] = "1"
         plan += [runs.RunSpec(f"as written {i}", 1, "as_written", unseeded, False) for i in (1, 2)]
     return plan
@@ -87,8 +125,8 @@ def _devices_name(devices: int) -> str:
     return f"{devices} device{'s' if devices != 1 else ''}"
 
 
-def _directory(options: CheckOptions, spec: runs.RunSpec) -> str:
-    return os.path.join(options.out, "runs", spec.name.replace(" ", "_").replace("(", "").replace(")", ""))
+def _directory(options: CheckOptions, name: str) -> str:
+    return os.path.join(options.out, "runs", name.replace(" ", "_").replace("(", "").replace(")", ""))
 
 
 def run_check(options: CheckOptions) -> CheckOutcome:
@@ -97,9 +135,10 @@ def run_check(options: CheckOptions) -> CheckOutcome:
     results: list[runs.RunResult] = []
     recorded: dict[str, records.Record] = {}
     found: list[dict] = []
+    refused: set[str] = set()
     for spec in plan:
         display.start(spec.name)
-        result = runs.execute(spec, options.script, list(options.script_args), _directory(options, spec),
+        result = runs.execute(spec, options.script, list(options.script_args), _directory(options, spec.name),
                               options.timeout, display.update)
         results.append(result)
         if not result.succeeded:
@@ -119,23 +158,39 @@ def run_check(options: CheckOptions) -> CheckOutcome:
         except records.RecordMissing as error:
             raise CheckError(f"{os.path.basename(options.script)} on {spec.devices} device(s): {error}; "
                              f"check needs a script that trains with fit") from None
-    tolerance = _compare(options, plan, recorded, found)
+        refusal = verdicts.not_distributed(recorded[spec.name], spec.devices) \
+            if spec.role in ("distributed", "repeat") else None
+        if refusal is not None:
+            found.append(refusal)
+            refused.add(spec.name)
+            break  # every other run of this script would distribute nothing alike
+    tolerance = _compare(options, plan, recorded, found, refused)
     return CheckOutcome(found, results, tolerance, recorded)
 
 
-def _compare(options, plan, recorded, found) -> tolerance_module.Tolerance | None:
+def _compare(options, plan, recorded, found, refused) -> tolerance_module.Tolerance | None:
     reference = recorded.get("serial")
     if reference is None:
         return None
+    exact = options.mode == "exact"
     tolerance = None
-    if options.mode == "tolerance" and "calibration" in recorded:
-        tolerance = tolerance_module.derive(differences(reference, recorded["calibration"]))
+    calibrated = recorded.get(PRODUCTION if exact else "serial")
+    if calibrated is not None and "calibration" in recorded:
+        tolerance = tolerance_module.derive(differences(calibrated, recorded["calibration"]))
+        capped = verdicts.calibration_exceeds_cap(tolerance)
+        if capped is not None:
+            found.append(capped)
     repeat_spec = next(spec for spec in plan if spec.role == "repeat")
     original_name = _devices_name(repeat_spec.devices)
+    if refused:
+        return tolerance
     for spec in plan:
         if spec.role == "distributed" and spec.name in recorded:
-            found.append(verdicts.equivalence(reference, recorded[spec.name], spec.devices, tolerance,
-                                              exact=options.mode == "exact"))
+            found.append(verdicts.equivalence(reference, recorded[spec.name], spec.devices,
+                                              None if exact else tolerance, exact=exact))
+    if exact and PRODUCTION in recorded:
+        found.append(verdicts.equivalence(reference, recorded[PRODUCTION], 1, tolerance, exact=False,
+                                          label="exact serial vs production serial"))
     if repeat_spec.name in recorded and original_name in recorded:
         found.append(verdicts.run_to_run(recorded[original_name], recorded[repeat_spec.name], repeat_spec.devices))
     if "as written 1" in recorded and "as written 2" in recorded:

@@ -1,22 +1,33 @@
 """tnt-repro: does a training script reproduce serial training when distributed?
 
-    tnt-repro check train.py [script args] --devices 1,2,4 [--seed S]
+    tnt-repro check train.py [script args] --devices 1,2,4 [--seed S] [--wrap]
                    [--steps K | --epochs E] [--mode tolerance|exact] [--out DIR]
     tnt-repro lint train.py [more.py ...]
 
 check  runs the unmodified script (which trains with tnt.Model) serially and on
        each device count under enforced determinism (tarantella/determinism.py),
-       records per-step losses and per-variable weight fingerprints through the
-       recorder tnt.Model.fit adds (tarantella/repro_hook.py), and prints one
-       verdict per comparison:
+       records per-step losses, every weight element (chunk hashes on every rank,
+       max absolute and relative differences to the serial run on the master rank),
+       the world size, the strategy and the gradient reductions the engine performed,
+       through the recorder tnt.Model.fit adds (tarantella/_repro/hook.py), and prints
+       one verdict per comparison with its scope (tensors, elements, steps, ranks):
          serial vs N devices   IDENTICAL | EQUIVALENT | DIVERGENT (first step, layer, likely cause)
+                               | NOT DISTRIBUTED (N ranks but no gradient reduction: a model
+                               never wrapped in tnt.Model; the line says how to fix it)
          run-to-run            IDENTICAL | NONDETERMINISTIC (largest device count twice)
          as written            IDENTICAL | SEED_DEPENDENT (serially twice without the harness's seeds)
+         calibration           CALIBRATION_EXCEEDS_CAP (the measured tolerance would exceed
+                               2^-12; Note [Tolerance cap] in repro/tolerance.py)
        --mode tolerance: EQUIVALENT within a tolerance measured by a calibration
        run (the serial run with reversed batches; Note [Derived tolerance] in
-       repro/tolerance.py). --mode exact: the script trains in exact mode
-       (Note [Exact mode] in tarantella/exact_reduction.py) and anything short of
-       IDENTICAL is DIVERGENT. Writes report.json and loss_curves.png to --out
+       repro/tolerance.py), capped at 2^-12. --mode exact: the script trains in exact
+       mode (Note [Exact mode] in tarantella/_repro/exact_reduction.py); IDENTICAL means
+       every N-rank run equals the 1-rank serial run (exact train step) bit for bit,
+       anything short of it is DIVERGENT; that serial run is also compared with the
+       production train step's serial run (exact serial vs production serial, within
+       the measured tolerance). --wrap: the script is plain Keras (never imports
+       tarantella); its keras.Model trains through tnt.Model on the distributed runs
+       (repro/wrap.py). Writes report.json and loss_curves.png to --out
        (default results/repro/<script>-<mode>-<time>/).
        Script arguments go before or after the options; put them after `--` when
        they look like tnt-repro options.
@@ -79,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it is killed (900)")
     check.add_argument("--no-as-written", dest="as_written", action="store_false",
                        help="skip the two unseeded serial runs")
+    check.add_argument("--wrap", action="store_true",
+                       help="train a plain Keras script's keras.Model through tnt.Model (distributed runs, and "
+                            "exact mode's serial reference); the script needs no change")
     lint = commands.add_parser("lint", help="static checks for reproducibility pitfalls")
     lint.add_argument("scripts", nargs="+", help="Python files to check")
     return parser
@@ -86,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_options(parsed, script_args):
     from repro.check import CheckOptions
-    from tarantella import exact_reduction
+    from tarantella._repro import exact_reduction
     script = parsed.script
     if not os.path.isfile(script):
         raise UsageError(f"no such script: {script!r}")
@@ -113,7 +127,8 @@ def _check_options(parsed, script_args):
     name = os.path.splitext(os.path.basename(script))[0]
     out = parsed.out or os.path.join(DEFAULT_OUT_ROOT, f"{name}-{parsed.mode}-{stamp}")
     return CheckOptions(os.path.abspath(script), tuple(script_args), devices, parsed.seed, parsed.steps,
-                        parsed.epochs, parsed.mode, virtual, os.path.abspath(out), parsed.timeout, parsed.as_written)
+                        parsed.epochs, parsed.mode, virtual, os.path.abspath(out), parsed.timeout, parsed.as_written,
+                        parsed.wrap)
 
 
 def _run_check(options) -> int:
@@ -131,6 +146,7 @@ def _run_check(options) -> int:
         return USAGE_ERROR
     plot = report.plot_loss_curves(options, outcome)
     path = report.write_report(options, outcome, plot)
+    print(f"reference: {report.describe_reference(options, outcome)}")
     if outcome.tolerance is not None:
         print(f"tolerance: {outcome.tolerance.how}")
     for line in report.verdict_lines(outcome):

@@ -1,9 +1,11 @@
 """Step-by-step, variable-by-variable differences between two recorded runs.
 
-The difference of a weight variable is scale-relative: max|a - b| / max|a|
-(element-wise ratios blow up where a weight is near zero). Where the recorder
-kept only fingerprints (large models), the relative difference of the L2
-norms stands in for it (a lower bound). Loss differences are |a - b| / |a|.
+Every element counts (Note [Every element compared] in tarantella/_repro/weights.py): two
+variables are bitwise equal when all their chunk hashes agree; the size of a difference is
+the max |a - b| and max |a - b| / max |a| the later run's master rank computed against the
+reference run's stored weights. For two runs neither of which was compared with the other
+(run-to-run, as written), only the bits are compared, and a difference has no size (nan).
+Loss differences are |a - b| / |a|.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 
 from repro.records import Record
 
-__all__ = ["Differences", "differences", "relative_weight_difference", "ranks_disagree"]
+__all__ = ["Differences", "differences", "ranks_disagree", "scope"]
 
 _TINY = 1e-30
 
@@ -23,9 +25,11 @@ class Differences:
     steps: int                              # steps present in both runs (after step 0)
     step_counts: tuple[int, int]            # steps of each run
     keys: list[str]
-    bitwise: list[list[bool]]               # [step][key]: same bits
+    bitwise: list[list[bool]]               # [step][key]: same bits in every chunk
     weights: np.ndarray                     # [step, key] relative difference (step 0 = initial weights)
+    absolute: np.ndarray                    # [step, key] max absolute difference
     losses: np.ndarray                      # [step] relative difference of the step's loss (index 0: nan)
+    sized: bool                             # the differences have sizes (one run was compared with the other)
 
     @property
     def identical(self) -> bool:
@@ -39,15 +43,6 @@ class Differences:
         return None
 
 
-def relative_weight_difference(reference: Record, other: Record, step: int, key: str) -> float:
-    a, b = reference.value(step, key), other.value(step, key)
-    if a is not None and b is not None:
-        a64, b64 = a.astype(np.float64), b.astype(np.float64)
-        return float(np.max(np.abs(a64 - b64), initial=0.0) / max(float(np.max(np.abs(a64), initial=0.0)), _TINY))
-    norm_a, norm_b = reference.weight(step, key)["norm"], other.weight(step, key)["norm"]
-    return abs(norm_a - norm_b) / max(abs(norm_a), _TINY)
-
-
 def _relative(a, b) -> float:
     if a is None or b is None:
         return float("nan")
@@ -59,13 +54,23 @@ def differences(reference: Record, other: Record) -> Differences:
     if other.keys() != keys:
         raise ValueError(f"the runs trained different variables: {keys} vs {other.keys()}")
     steps = min(reference.step_count, other.step_count)
-    bitwise = [[reference.weight(s, k)["sha256"] == other.weight(s, k)["sha256"] for k in keys]
+    sized = other.compared_with(reference)
+    bitwise = [[reference.weight(s, k)["chunks"] == other.weight(s, k)["chunks"] for k in keys]
                for s in range(steps + 1)]
-    weights = np.array([[0.0 if same else relative_weight_difference(reference, other, s, k)
-                         for k, same in zip(keys, bitwise[s])] for s in range(steps + 1)])
+
+    def size(step, key, same, field):
+        if same:
+            return 0.0
+        return float(other.weight(step, key).get(field, float("nan"))) if sized else float("nan")
+
+    relative = np.array([[size(s, k, same, "max_rel") for k, same in zip(keys, bitwise[s])]
+                         for s in range(steps + 1)])
+    absolute = np.array([[size(s, k, same, "max_abs") for k, same in zip(keys, bitwise[s])]
+                         for s in range(steps + 1)])
     losses = np.array([float("nan")] + [_relative(reference.steps[s]["step_loss"], other.steps[s]["step_loss"])
                                         for s in range(1, steps + 1)])
-    return Differences(steps, (reference.step_count, other.step_count), keys, bitwise, weights, losses)
+    return Differences(steps, (reference.step_count, other.step_count), keys, bitwise, relative, absolute, losses,
+                       sized)
 
 
 def ranks_disagree(record: Record) -> tuple[int, int, str] | None:
@@ -74,6 +79,16 @@ def ranks_disagree(record: Record) -> tuple[int, int, str] | None:
     for rank, steps in sorted(record.rank_steps.items()):
         for step, (mine, theirs) in enumerate(zip(master, steps)):
             for a, b in zip(mine["weights"], theirs["weights"]):
-                if a["sha256"] != b["sha256"]:
+                if a["chunks"] != b["chunks"]:
                     return step, rank, a["key"]
     return None
+
+
+def scope(reference: Record, other: Record, diffs: Differences) -> dict:
+    """What a verdict compared, so that a reader sees its reach."""
+    return {"tensors": len(diffs.keys), "elements_per_step": reference.elements(),
+            "steps": diffs.steps + 1, "steps_note": "step 0 (initial weights) and every training step",
+            "ranks": sorted(other.rank_steps), "reference_ranks": sorted(reference.rank_steps),
+            "how": ("every element: max absolute and relative difference computed on the master rank against "
+                    "the reference's stored weights, and SHA-256 of every chunk on every rank"
+                    if diffs.sized else "every element's bits: SHA-256 of every chunk on every rank")}

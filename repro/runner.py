@@ -6,18 +6,20 @@ Before the script starts, as the harness's environment asks:
   TNT_DETERMINISTIC_SEED=S     tarantella.determinism.set_deterministic(S)
   TNT_REPRO_OPS_ONLY=1         only deterministic ops and thread counts, no seeds
                                (the "as written" runs: the script's own seeding counts)
-  TNT_REPRO_RECORD=DIR         the recorder joins the first `fit` (tarantella/repro_hook.py)
-  TNT_EXACT_VIRTUAL_BATCHES=V  (read by tnt.Model itself: exact mode, tarantella/exact_train_step.py)
-  TNT_REPRO_CALIBRATE=reverse  tnt.Model reverses every micro-batch before its step
-                               (repro/calibration_step.py)
+  TNT_REPRO_RECORD=DIR         the recorder joins the first `fit` (tarantella/_repro/hook.py)
+  TNT_REPRO_WRAP=1             the script's keras.Model trains through tnt.Model (repro/wrap.py)
+  TNT_EXACT_VIRTUAL_BATCHES=V  (read by tnt.Model itself: exact mode, tarantella/_repro/exact_train_step.py)
+  TNT_REPRO_CALIBRATE=reverse  tnt.Model and plain Keras models reverse every (micro-)batch
+                               before their step (repro/calibration_step.py)
 The script then runs as `__main__` with sys.argv = [script, args...].
 
 Note [Harness-side wiring]
-tnt.Model.fit adds tarantella.repro_hook.extra_callbacks() itself. This runner
+tnt.Model.fit adds tarantella._repro.hook.extra_callbacks() itself. This runner
 also wraps keras.Model.fit so that scripts training a plain Keras model (serial
 references) are recorded too; a process makes at most one recorder, so the two
 never record twice. The calibration run's reversed batches exist only here: the
-runner wraps tnt.Model.train_step in the harness's own process.
+runner wraps tnt.Model.train_step and keras.Model.train_step (a plain Keras
+script's serial reference) in the harness's own process.
 """
 from __future__ import annotations
 
@@ -25,13 +27,15 @@ import os
 import runpy
 import sys
 
+from repro import wrap
+
 __all__ = ["main"]
 
 
 def _install_recorder_fallback() -> None:
     import keras
 
-    from tarantella import repro_hook
+    from tarantella._repro import hook as repro_hook
 
     original_fit = keras.Model.fit
     if getattr(original_fit, "tnt_repro_wrapped", False):
@@ -49,16 +53,19 @@ def _install_recorder_fallback() -> None:
 
 
 def _install_calibration(calibration: str) -> None:
+    import keras
+
     from repro import calibration_step
     from tarantella.keras.model import Model
 
     calibration_step.check_supported(calibration)
-    original_step = Model.train_step
+    for cls in (Model, keras.Model):   # tnt.Model's step does not call keras.Model's: no double reversal
+        original_step = cls.train_step
 
-    def step(self, data):
-        return original_step(self, calibration_step.reverse_batch(data))
+        def step(self, data, original_step=original_step):
+            return original_step(self, calibration_step.reverse_batch(data))
 
-    Model.train_step = step
+        cls.train_step = step
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,6 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         determinism.apply_from_environment()
     if os.environ.get("TNT_REPRO_RECORD"):
         _install_recorder_fallback()
+    if os.environ.get(wrap.WRAP_VARIABLE) == "1":
+        wrap.install()
     if os.environ.get("TNT_REPRO_CALIBRATE"):
         _install_calibration(os.environ["TNT_REPRO_CALIBRATE"])
     sys.argv = [script, *argv[1:]]

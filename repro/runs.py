@@ -1,7 +1,7 @@
 """Starting one run of the user's script (serially or through the launcher) and watching it.
 
 Each run gets its own directory under the check's output: the recorder's files
-(tarantella/repro_hook.py), stdout.log and stderr.log. A run that outlives its
+(tarantella/_repro/hook.py), stdout.log and stderr.log. A run that outlives its
 timeout is killed with its whole process group (launcher, mpirun, ranks), so a
 hanging script fails the check instead of stalling it.
 """

@@ -28,6 +28,19 @@ difference cannot be rounding (one step of reassociation moves the last few
 bits): the model treats samples by their position in the batch (random layers
 such as Dropout draw per-position masks). Such a script has no serial
 equivalent; the tolerance then falls back to the floor and the report says why.
+
+Note [Tolerance cap]
+The tolerance never exceeds CAP = 2**-12 (~2.4e-4) relative to the largest weight of a
+variable, whatever the calibration measured and however many steps ran (the floor s * u
+alone reaches it after 256 steps). At that size half of float32's 24 significand bits of
+the largest weight differ: rounding in a stable training stays far below (the project's
+examples: 3.8e-7 and 5.2e-7 after 30 steps), while real bugs are of that size (the planted
+unseeded noise source: 6e-4 at its first step). A tolerance wider than the cap could not tell
+the two apart. A calibration whose derived tolerance would exceed the cap (a training that
+amplifies rounding so much: chaotic dynamics, too many steps, too high a learning rate) is not
+widened into a loose check: the tolerance stays capped and the check reports the calibration
+itself as the failing verdict CALIBRATION_EXCEEDS_CAP, naming the step where it crossed the cap
+(fix: fewer --steps, or --mode exact, which needs no tolerance).
 """
 from __future__ import annotations
 
@@ -38,11 +51,12 @@ import numpy as np
 
 from repro.compare import Differences
 
-__all__ = ["UNIT_ROUNDOFF", "SPREAD", "ORDER_SENSITIVE_LIMIT", "Tolerance", "derive"]
+__all__ = ["UNIT_ROUNDOFF", "SPREAD", "ORDER_SENSITIVE_LIMIT", "CAP", "Tolerance", "derive"]
 
 UNIT_ROUNDOFF = float(np.finfo(np.float32).eps) / 2   # 2**-24
 SPREAD = 16.0
 ORDER_SENSITIVE_LIMIT = math.sqrt(UNIT_ROUNDOFF)      # ~2.4e-4
+CAP = 2.0 ** -12                                      # Note [Tolerance cap]; equals sqrt(u)
 
 
 @dataclasses.dataclass
@@ -52,6 +66,8 @@ class Tolerance:
     calibration_envelope: np.ndarray
     order_sensitive: bool
     how: str                     # one line for the report
+    exceeded_cap_at: int | None = None   # first step where the derived tolerance would exceed CAP
+    uncapped_maximum: float = 0.0        # the largest derived tolerance before capping
 
     def at(self, step: int) -> float:
         return float(self.weights[min(step, len(self.weights) - 1)])
@@ -60,7 +76,8 @@ class Tolerance:
         return float(self.losses[min(step, len(self.losses) - 1)])
 
     def as_dict(self) -> dict:
-        return {"how": self.how, "spread": SPREAD, "unit_roundoff": UNIT_ROUNDOFF,
+        return {"how": self.how, "spread": SPREAD, "unit_roundoff": UNIT_ROUNDOFF, "cap": CAP,
+                "exceeded_cap_at": self.exceeded_cap_at, "uncapped_maximum": self.uncapped_maximum,
                 "order_sensitive": self.order_sensitive,
                 "order_sensitive_limit": ORDER_SENSITIVE_LIMIT,
                 "calibration_envelope": self.calibration_envelope.tolist(),
@@ -89,5 +106,14 @@ def derive(calibration: Differences) -> Tolerance:
         how = (f"tolerance[step] = {SPREAD:g} * max(running max of the serial-vs-reversed-batch difference, "
                f"step * 2^-24); measured envelope after {calibration.steps} steps: {envelope[-1]:.2e} (weights), "
                f"{loss_envelope[-1]:.2e} (loss)")
-    return Tolerance(SPREAD * np.maximum(envelope, floor), SPREAD * np.maximum(loss_envelope, floor),
-                     envelope, bool(order_sensitive), how)
+    uncapped = SPREAD * np.maximum(envelope, floor)
+    exceeded = np.flatnonzero(SPREAD * envelope > CAP)
+    exceeded_at = int(exceeded[0]) if exceeded.size else None
+    if exceeded_at is not None:
+        how = (f"calibration exceeds the cap: the serial-vs-reversed-batch difference reached "
+               f"{envelope[exceeded_at]:.2e} at step {exceeded_at} ({SPREAD:g} x that > cap {CAP:.2e}; "
+               f"at the end {envelope[-1]:.2e}); tolerance capped at {CAP:.2e}, not widened")
+    else:
+        how += f"; capped at {CAP:.2e} (Note [Tolerance cap])"
+    return Tolerance(np.minimum(uncapped, CAP), np.minimum(SPREAD * np.maximum(loss_envelope, floor), CAP),
+                     envelope, bool(order_sensitive), how, exceeded_at, float(uncapped.max(initial=0.0)))

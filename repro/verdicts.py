@@ -8,14 +8,31 @@
   as written            the script twice serially without the harness's seeds:
                         IDENTICAL or SEED_DEPENDENT (the script relies on a seed it
                         does not set itself)
+  N devices             NOT DISTRIBUTED instead of the serial comparison when the run had
+                        more than one rank but the engine performed no gradient reduction
+                        (Note [Refusing runs that distributed nothing] in
+                        tarantella/_repro/reductions.py)
+  calibration           CALIBRATION_EXCEEDS_CAP when the measured tolerance would be wider
+                        than the cap (Note [Tolerance cap] in repro/tolerance.py)
+  exact serial vs       exact mode only: the exact train step's serial run against the
+  production serial     production train step's serial run, within the measured tolerance:
+                        IDENTICAL, EQUIVALENT or DIVERGENT
+Every comparison says what it compared (`compared`: tensors, elements, steps, ranks).
 """
 from __future__ import annotations
 
-from repro.compare import differences, ranks_disagree
-from repro.records import Record
-from repro.tolerance import Tolerance
+import math
 
-__all__ = ["PASSING", "layer_of", "equivalence", "run_to_run", "as_written", "failed_run"]
+from repro.compare import differences, ranks_disagree, scope
+from repro.records import Record
+from repro.tolerance import CAP, Tolerance
+
+__all__ = ["PASSING", "WRAP_FIX", "layer_of", "equivalence", "run_to_run", "as_written", "failed_run",
+           "not_distributed", "calibration_exceeds_cap"]
+
+WRAP_FIX = ("wrap the model for training: `import tarantella as tnt` and `model = tnt.Model(model)` before "
+            "compile/fit; or check the script unmodified with `tnt-repro check --wrap ...`, which trains its "
+            "keras.Model through tnt.Model")
 
 PASSING = ("IDENTICAL", "EQUIVALENT")
 
@@ -31,8 +48,14 @@ def _where(step: int, key: str, difference: float, tolerance: float | None) -> d
             "difference": difference, "tolerance": tolerance}
 
 
+def _largest(values) -> float | None:
+    finite_or_inf = [float(x) for x in values.ravel() if x == x]
+    return max(finite_or_inf, default=0.0) if len(finite_or_inf) == values.size else None
+
+
 def _statistics(diffs) -> dict:
-    return {"steps_compared": diffs.steps, "max_weight_difference": float(diffs.weights.max(initial=0.0)),
+    return {"steps_compared": diffs.steps, "max_weight_difference": _largest(diffs.weights),
+            "max_abs_weight_difference": _largest(diffs.absolute),
             "max_loss_difference": float(max((x for x in diffs.losses[1:] if x == x), default=0.0)),
             "bitwise_identical_steps": sum(all(row) for row in diffs.bitwise[1:])}
 
@@ -65,11 +88,40 @@ def _distributed_cause(step: int, key: str, reference: Record, other: Record, to
             "so chaotic that rounding differences explode (use --mode exact to compare bit for bit)")
 
 
-def equivalence(reference: Record, other: Record, devices: int, tolerance: Tolerance | None, exact: bool) -> dict:
-    """Serial vs `devices` devices."""
-    label = f"serial vs {devices} device{'s' if devices != 1 else ''}"
+def not_distributed(record: Record, devices: int) -> dict | None:
+    """The verdict NOT DISTRIBUTED for a run on several ranks that reduced no gradient; None otherwise."""
+    if record.world_size <= 1 or record.gradient_reductions is None or record.gradient_reductions > 0:
+        return None
+    return {"check": f"serial vs {devices} device{'s' if devices != 1 else ''}", "devices": devices,
+            "verdict": "NOT DISTRIBUTED", "first_divergence": None, "world_size": record.world_size,
+            "strategy": record.strategy, "gradient_reductions": record.gradient_reductions,
+            "cause": f"{record.world_size} ranks ran but the engine performed no gradient reduction (model: "
+                     f"{record.strategy}): every rank trained alone on the whole data set, so the weights "
+                     f"match serial training without anything being distributed",
+            "fix": WRAP_FIX}
+
+
+def calibration_exceeds_cap(tolerance: Tolerance) -> dict | None:
+    if tolerance is None or tolerance.exceeded_cap_at is None:
+        return None
+    step = tolerance.exceeded_cap_at
+    return {"check": "calibration (serial vs reversed batches)", "devices": 1, "verdict": "CALIBRATION_EXCEEDS_CAP",
+            "first_divergence": None, "step": step, "uncapped_tolerance": tolerance.uncapped_maximum, "cap": CAP,
+            "cause": f"reordering the samples of a batch alone moved the weights by "
+                     f"{tolerance.calibration_envelope[step]:.2e} (relative) by step {step}: this training "
+                     f"amplifies rounding beyond the cap {CAP:.2e}, so no tolerance can tell rounding from a bug "
+                     f"(Note [Tolerance cap] in repro/tolerance.py)",
+            "fix": "check fewer steps (--steps), or use --mode exact (bit for bit, no tolerance)"}
+
+
+def equivalence(reference: Record, other: Record, devices: int, tolerance: Tolerance | None, exact: bool,
+                label: str | None = None) -> dict:
+    """Serial vs `devices` devices (or, with `label`, any run against the reference it was compared with)."""
+    label = label or f"serial vs {devices} device{'s' if devices != 1 else ''}"
     diffs = differences(reference, other)
-    verdict = {"check": label, "devices": devices, **_statistics(diffs)}
+    verdict = {"check": label, "devices": devices, "compared": scope(reference, other, diffs),
+               "gradient_reductions": other.gradient_reductions, "world_size": other.world_size,
+               "strategy": other.strategy, **_statistics(diffs)}
     if diffs.step_counts[0] != diffs.step_counts[1]:
         return {**verdict, "verdict": "DIVERGENT", "first_divergence": None,
                 "cause": f"the runs trained a different number of steps ({diffs.step_counts[0]} serially, "
@@ -93,8 +145,9 @@ def equivalence(reference: Record, other: Record, devices: int, tolerance: Toler
     for step in range(diffs.steps + 1):
         limit = tolerance.at(step)
         for index, key in enumerate(diffs.keys):
-            margin = max(margin, diffs.weights[step, index] / limit if limit else 0.0)
-            if diffs.weights[step, index] > limit:
+            gap = float(diffs.weights[step, index])
+            margin = max(margin, gap / limit if limit and math.isfinite(gap) else 0.0)
+            if not gap <= limit:  # nan (no size) and inf fail too
                 return {**verdict, "verdict": "DIVERGENT",
                         "first_divergence": _where(step, key, float(diffs.weights[step, index]), limit),
                         "cause": _distributed_cause(step, key, reference, other, tolerance, exact)}
@@ -110,7 +163,7 @@ def equivalence(reference: Record, other: Record, devices: int, tolerance: Toler
 
 def _pair(first: Record, second: Record, label: str, failing: str, cause_at) -> dict:
     diffs = differences(first, second)
-    verdict = {"check": label, **_statistics(diffs)}
+    verdict = {"check": label, "compared": scope(first, second, diffs), **_statistics(diffs)}
     if diffs.identical:
         return {**verdict, "verdict": "IDENTICAL", "first_divergence": None, "cause": None}
     where = diffs.first_bitwise_difference()

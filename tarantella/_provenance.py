@@ -1,4 +1,7 @@
-"""What machine and which source tree produced a result (ARCHITECTURE rule 12)."""
+"""What machine, which software and which source tree produced a result (ARCHITECTURE rule 12).
+
+The one home of this description for both harnesses: tnt-bench (bench/machine.py re-exports it)
+and tnt-repro (repro/report.py). Imports nothing heavy (no TensorFlow, no engine)."""
 from __future__ import annotations
 
 import os
@@ -6,7 +9,7 @@ import platform
 import socket
 import subprocess
 
-__all__ = ["describe_machine", "describe_source", "physical_cores"]
+__all__ = ["describe_machine", "describe_source", "describe_software", "physical_cores"]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -2,9 +2,11 @@
 
     tarantella -n 2 -- bench/programs/train_to_target.py --benchmark mini_digits
 
-The master rank logs `:::MLLOG` lines (to stdout and --mllog) and ends with one
-`TNT_BENCH_RESULT` line: reached or not, epochs, time to accuracy (run_start to the
-evaluation that reached the target) and the quality after each evaluation.
+The master rank logs `:::MLLOG` lines through MLCommons' mlperf_logging.mllog (to stdout and
+--mllog; bench/mlperf/log.py) in the form the package's compliance checker accepts
+(bench/mlperf/compliance.py) and ends with one `TNT_BENCH_RESULT` line: reached or not, epochs,
+time to accuracy (run_start to the evaluation that reached the target) and the quality after
+each evaluation. BLEU (translation) is sacrebleu's corpus BLEU.
 Exit codes: 0 done (target reached or not: see the result), 2 bad input or data missing,
 3 the framework is not available.
 """
@@ -69,13 +71,20 @@ def _quality(spec, entry, model, evaluation) -> float:
     return corpus_bleu(hypotheses, references)
 
 
+def _eval_samples(evaluation) -> int:
+    if isinstance(evaluation, tuple):
+        return len(evaluation[1])
+    count = int(evaluation.cardinality())
+    return count if count >= 0 else sum(1 for _ in evaluation)
+
+
 def main(argv=None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     import keras
 
     import tarantella as tnt
     from bench.errors import BenchUsageError
-    from bench.mllog import MLLogger
+    from bench.mlperf.log import constants, make_logger
     from bench.models.registry import get_model_entry
     from bench.programs.framework import FrameworkMissing, wrap_model
     from bench.programs.result_line import format_result_line
@@ -83,11 +92,12 @@ def main(argv=None) -> int:
     from bench.specs import load_spec, scaled_learning_rate
 
     master = tnt.is_master_rank()
-    log = MLLogger(path=args.mllog, file_name="train_to_target.py") if master else None
+    log = make_logger(args.mllog, stack_offset=2) if master else None
 
-    def mllog(key, value=None, **metadata):
+    def mllog(key, value=None, kind="event", **metadata):
+        """kind: event (a point in time), start or end (an interval); the master rank logs."""
         if log:
-            log.log(key, value, **metadata)
+            getattr(log, kind)(key, value, metadata=metadata or None)
 
     try:
         spec = load_spec(args.benchmark)
@@ -95,8 +105,16 @@ def main(argv=None) -> int:
         reference = spec["reference"]
         global_batch = args.global_batch or reference["global_batch"]
         max_epochs = args.max_epochs or reference["max_epochs"]
-        mllog("submission_benchmark", spec["name"])
-        mllog("init_start")
+        # Not cleared: dropping the OS page cache needs the whole machine (Note in bench/README.md, MLPerf).
+        mllog(constants.CACHE_CLEAR, False)
+        mllog(constants.INIT_START, kind="start")
+        for key, value in ((constants.SUBMISSION_BENCHMARK, spec["name"]),
+                           (constants.SUBMISSION_DIVISION, "open"),
+                           (constants.SUBMISSION_ORG, "tarantella (unofficial, not an MLPerf submission)"),
+                           (constants.SUBMISSION_PLATFORM, f"{tnt.get_size()} x CPU process"),
+                           (constants.SUBMISSION_STATUS, "research"),
+                           (constants.SEED, args.seed)):
+            mllog(key, value)
         keras.utils.set_random_seed(args.seed)
         train, epoch_examples, evaluation = _data(spec, entry, global_batch, args.seed, args.data_dir)
     except BenchUsageError as error:
@@ -117,33 +135,36 @@ def main(argv=None) -> int:
         return 3
     model.compile(optimizer=optimizer,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    for key, value in (("global_batch_size", global_batch),
-                       ("opt_base_learning_rate", scaled_learning_rate(reference, global_batch)),
-                       ("opt_learning_rate_warmup_epochs", reference.get("warmup_epochs", 0)),
-                       ("opt_learning_rate_warmup_steps", reference.get("warmup_steps", 0)),
-                       ("train_samples", epoch_examples), ("quality_target", spec["quality_target"])):
+    eval_every = reference.get("eval_every_epochs", 1)
+    for key, value in ((constants.GLOBAL_BATCH_SIZE, global_batch),
+                       (constants.OPT_BASE_LR, scaled_learning_rate(reference, global_batch)),
+                       (constants.OPT_LR_WARMUP_EPOCHS, reference.get("warmup_epochs", 0)),
+                       (constants.OPT_LR_WARMUP_STEPS, reference.get("warmup_steps", 0)),
+                       (constants.TRAIN_SAMPLES, epoch_examples), (constants.EVAL_SAMPLES, _eval_samples(evaluation)),
+                       ("quality_target", spec["quality_target"]), ("eval_every_epochs", eval_every),
+                       ("max_epochs", max_epochs)):
         mllog(key, value)
-    mllog("init_stop")
+    mllog(constants.INIT_STOP, kind="end")
     tnt.barrier()
-    mllog("run_start")
+    mllog(constants.RUN_START, kind="start")
     started = time.perf_counter()
     history, reached, epochs = [], None, 0
     for epoch in range(max_epochs):
         epochs = epoch + 1
-        mllog("epoch_start", epoch + 1, epoch_num=epoch + 1)
+        mllog(constants.EPOCH_START, epoch + 1, kind="start", epoch_num=epoch + 1)
         model.fit(train, epochs=epoch + 1, initial_epoch=epoch, verbose=0, shuffle=False)
-        mllog("epoch_stop", epoch + 1, epoch_num=epoch + 1)
-        if (epoch + 1) % reference.get("eval_every_epochs", 1) and epoch + 1 < max_epochs:
+        mllog(constants.EPOCH_STOP, epoch + 1, kind="end", epoch_num=epoch + 1)
+        if (epoch + 1) % eval_every and epoch + 1 < max_epochs:
             continue
-        mllog("eval_start", epoch + 1, epoch_num=epoch + 1)
+        mllog(constants.EVAL_START, epoch + 1, kind="start", epoch_num=epoch + 1)
         quality = _quality(spec, entry, model, evaluation)
         history.append({"epoch": epoch + 1, "quality": quality, "seconds": time.perf_counter() - started})
-        mllog("eval_accuracy", quality, epoch_num=epoch + 1)
-        mllog("eval_stop", epoch + 1, epoch_num=epoch + 1)
+        mllog(constants.EVAL_ACCURACY, quality, epoch_num=epoch + 1)
+        mllog(constants.EVAL_STOP, epoch + 1, kind="end", epoch_num=epoch + 1)
         if quality >= spec["quality_target"]:
             reached = time.perf_counter() - started
             break
-    mllog("run_stop", status="success" if reached is not None else "aborted")
+    mllog(constants.RUN_STOP, kind="end", status="success" if reached is not None else "aborted")
     if master:
         print(format_result_line({
             "benchmark": spec["name"], "model": entry.name, "framework": args.framework,

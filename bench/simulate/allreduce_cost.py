@@ -11,13 +11,16 @@ places them.
     rabenseifner        fold, k halving steps (n/2, n/4, ...), k doubling steps, unfold
     shared_memory       rounds of 1 MiB: stage (p-1)/p, reduce own 1/p from p inputs,
                         gather (p-1)/p; 3 synchronisations per round (one node only)
-    hierarchical        the node's ranks reduce in shared memory, one leader per node
-                        allreduces across nodes (flat auto choice among the leaders, one
-                        transfer per network interface), the leaders broadcast on the node
-    auto                the engine's choice (csrc/engine/allreduce.cpp Allreducer::choose):
+    hierarchical        Note [Hierarchical allreduce] (hierarchical_allreduce.hpp): rounds of
+                        4 MiB; per round a node-local reduce-scatter and allgather in shared
+                        memory (costed as the shared_memory algorithm on the node's L ranks)
+                        and, between them, L inter-node allreduces of a 1/L slice by the N
+                        ranks of one local index, in parallel (flat auto choice over N ranks,
+                        the node's network interface shared by its L concurrent transfers)
+    auto                the engine's choice (csrc/engine/allreduce.cpp Allreducer::resolve):
                         shared_memory on one node; hierarchical for groups spanning several
-                        nodes with more than one rank per node; else recursive_doubling
-                        below 64 KiB, rabenseifner for 2^k ranks, ring otherwise
+                        nodes with the same number (> 1) of ranks on each; else
+                        recursive_doubling below 64 KiB, rabenseifner for 2^k ranks, ring
 
 Memory: copies and the summation of ranks on one node draw on the node's memory
 bandwidth, so each runs at most at the rank's share of it (cluster.rank_memory_Bps).
@@ -27,13 +30,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from bench.simulate.cluster_profile import ClusterProfile
+from bench.simulate.cluster_profile import ClusterProfile, Link
 
 __all__ = ["ALGORITHMS", "choose_algorithm", "allreduce_time"]
 
 ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "shared_memory", "hierarchical")
 _SMALL_MESSAGE_BYTES = 64 * 1024      # allreduce.cpp kSmallMessageBytes
 _SLOT_BYTES = 1 << 20                 # shared_memory_allreduce.hpp kSlotBytes
+_HIERARCHICAL_SLOT_BYTES = 4 << 20    # hierarchical_allreduce.hpp kSlotBytes
 
 
 def _nodes(ranks: int, cluster: ClusterProfile) -> int:
@@ -43,7 +47,7 @@ def _nodes(ranks: int, cluster: ClusterProfile) -> int:
 def choose_algorithm(nbytes: int, ranks: int, cluster: ClusterProfile) -> str:
     if _nodes(ranks, cluster) == 1:
         return "shared_memory"
-    if cluster.ranks_on_node(ranks) > 1:
+    if cluster.ranks_on_node(ranks) > 1 and ranks % cluster.devices_per_node == 0:
         return "hierarchical"
     return _flat_choice(nbytes, ranks)
 
@@ -128,11 +132,13 @@ def _shared_memory(nbytes, ranks, cluster):
 def _hierarchical(nbytes, ranks, cluster):
     local = cluster.ranks_on_node(ranks)
     nodes = _nodes(ranks, cluster)
-    leaders = dataclasses.replace(cluster, devices_per_node=1, max_nodes=nodes)
-    across = allreduce_time(nbytes, nodes, leaders, _flat_choice(nbytes, nodes)) if nodes > 1 else 0.0
-    bandwidth = min(cluster.intra.bandwidth_Bps, cluster.rank_memory_Bps(local))
-    broadcast = cluster.intra.latency_s + nbytes / bandwidth
-    return _shared_memory(nbytes, local, cluster) + across + broadcast
+    rounds = max(1, math.ceil(nbytes / _HIERARCHICAL_SLOT_BYTES))
+    slice_bytes = nbytes / rounds / local
+    # The L slices cross the network at once: one rank per node each, sharing its interface.
+    peers = dataclasses.replace(cluster, devices_per_node=1, max_nodes=nodes,
+                                inter=Link(cluster.inter.latency_s, cluster.inter.bandwidth_Bps / local))
+    across = rounds * allreduce_time(slice_bytes, nodes, peers, _flat_choice(slice_bytes, nodes))
+    return _shared_memory(nbytes, local, cluster) + across
 
 
 def allreduce_time(nbytes: int, ranks: int, cluster: ClusterProfile, algorithm: str = "auto") -> float:

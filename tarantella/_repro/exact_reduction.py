@@ -32,7 +32,7 @@ mean) is left to the kernels: it is the same at every P because the shapes
 are, and it needs the same thread counts (tarantella/determinism.py).
 
 This module is backend-neutral (numbers, numpy arrays, tf tensors: anything
-with `+`); the TensorFlow train step is tarantella/exact_train_step.py.
+with `+`); the TensorFlow train step is tarantella/_repro/exact_train_step.py.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The TensorFlow train step of exact mode (Note [Exact mode] in tarantella/exact_reduction.py).
+"""The TensorFlow train step of exact mode (Note [Exact mode] in tarantella/_repro/exact_reduction.py).
 
 A drop-in for tarantella.keras.tf_steps.train_step: this rank's micro-batch is
 cut into its V/P virtual micro-batches, each gets its own forward and backward
@@ -16,7 +16,8 @@ import os
 import keras
 import tensorflow as tf
 
-from tarantella import exact_reduction, runtime
+from tarantella import runtime
+from tarantella._repro import exact_reduction
 from tarantella.keras import tf_steps
 
 __all__ = ["VIRTUAL_BATCHES_VARIABLE", "virtual_batches_from_environment", "prepare", "train_step"]

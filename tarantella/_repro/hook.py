@@ -5,16 +5,19 @@ harness has set TNT_REPRO_RECORD=<directory>, that is one `Recorder`; otherwise
 nothing, and training is untouched.
 
 What a Recorder writes into <directory> (Note [Record layout]):
-  rank<r>.json      per step: the loss Keras logs, and per weight variable its
-                    SHA-256 (bitwise fingerprint), L2 norm and sum; step 0 is
-                    the initial weights. Every rank writes one, so the harness
-                    can check that all ranks hold the same weights.
-  rank0.npz         (master rank, models up to FULL_VALUES_LIMIT values) the
-                    weights themselves per step, for element-wise comparisons.
+  rank<r>.json      the run's scope (world size, strategy, gradient reductions the engine
+                    performed, Note [Refusing runs that distributed nothing] in reductions.py)
+                    and per step: the loss Keras logs, and per weight variable its chunk
+                    hashes, and on the master rank its differences to the reference run
+                    (Note [Every element compared] in weights.py); step 0 is the initial
+                    weights. Every rank writes one, so the harness can check that all ranks
+                    hold the same bits.
+  weights/          (TNT_REPRO_STORE_WEIGHTS=1, the reference run) the master rank's weights per step
   progress          the master rank's last finished step, for the progress display.
-TNT_REPRO_MAX_STEPS=K stops training after K steps, TNT_REPRO_MAX_EPOCHS=E
-after E epochs (it cannot add epochs to what the script asks for). Only the
-first `fit` of a process is recorded.
+TNT_REPRO_REFERENCE=<directory of the reference record>: the master rank compares its weights
+with the reference's at every step. TNT_REPRO_MAX_STEPS=K stops training after K steps,
+TNT_REPRO_MAX_EPOCHS=E after E epochs (it cannot add epochs to what the script asks for).
+Only the first `fit` of a process is recorded.
 
 Note [Record layout]
 The loss in the logs is Keras's running mean over the epoch; the step's own
@@ -23,20 +26,22 @@ their Keras path plus position, which is the same in every run of one script.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
 
 import numpy as np
 
-__all__ = ["RECORD_VARIABLE", "MAX_STEPS_VARIABLE", "MAX_EPOCHS_VARIABLE", "FULL_VALUES_LIMIT",
-           "extra_callbacks", "make_recorder", "rank_from_environment"]
+from tarantella._repro import reductions, weights as weight_records
+
+__all__ = ["RECORD_VARIABLE", "REFERENCE_VARIABLE", "STORE_WEIGHTS_VARIABLE", "MAX_STEPS_VARIABLE",
+           "MAX_EPOCHS_VARIABLE", "extra_callbacks", "make_recorder", "rank_from_environment"]
 
 RECORD_VARIABLE = "TNT_REPRO_RECORD"
+REFERENCE_VARIABLE = "TNT_REPRO_REFERENCE"
+STORE_WEIGHTS_VARIABLE = "TNT_REPRO_STORE_WEIGHTS"
 MAX_STEPS_VARIABLE = "TNT_REPRO_MAX_STEPS"
 MAX_EPOCHS_VARIABLE = "TNT_REPRO_MAX_EPOCHS"
-FULL_VALUES_LIMIT = 250_000  # weight values per step stored in full (tiny check models are far below)
 
 _recorders_made = 0
 
@@ -59,8 +64,12 @@ def extra_callbacks() -> list:
     return [make_recorder(directory)]
 
 
-def make_recorder(directory: str):
+def make_recorder(directory: str, reference: str | None = None, store_weights: bool | None = None):
+    """A Recorder writing to `directory`; reference and store_weights default to the environment's."""
     import keras
+
+    reference = os.environ.get(REFERENCE_VARIABLE) or None if reference is None else reference
+    store_weights = os.environ.get(STORE_WEIGHTS_VARIABLE) == "1" if store_weights is None else store_weights
 
     class Recorder(keras.callbacks.Callback):
         """Writes the record of one `fit` (Note [Record layout]); one per process and fit."""
@@ -70,11 +79,13 @@ def make_recorder(directory: str):
         def __init__(self):
             super().__init__()
             self.rank = rank_from_environment()
+            self.master = self.rank == 0
             self.max_steps = _positive_int_env(MAX_STEPS_VARIABLE)
             self.max_epochs = _positive_int_env(MAX_EPOCHS_VARIABLE)
+            self.reference = weight_records.ReferenceWeights(reference) if reference and self.master else None
+            self.store = store_weights and self.master
             self.steps: list[dict] = []
-            self.full_values: dict[str, np.ndarray] = {}
-            self.keep_full = self.rank == 0
+            self.counter = None
             self.epoch = 0
             self.step_in_epoch = 0
             self.previous_mean = 0.0
@@ -82,8 +93,7 @@ def make_recorder(directory: str):
 
         def on_train_begin(self, logs=None):
             os.makedirs(directory, exist_ok=True)
-            self.keep_full = self.rank == 0 and sum(int(np.prod(w.shape)) for w in self.model.weights) \
-                <= FULL_VALUES_LIMIT
+            self.counter = reductions.ReductionCounter(self.model)
             self._record(step=0, loss=None, step_loss=None, seconds=None)
 
         def on_epoch_begin(self, epoch, logs=None):
@@ -113,19 +123,25 @@ def make_recorder(directory: str):
             self._write()
 
         def _record(self, step, loss, step_loss, seconds):
-            weights = []
+            reference = self.reference.at(step) if self.reference is not None else None
+            values, described = {}, []
             for index, variable in enumerate(self.model.weights):
                 value = np.asarray(variable.numpy())
                 key = f"{index:03d}:{variable.path}"
-                weights.append({"key": key, "trainable": bool(variable.trainable),
-                                "sha256": hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()[:32],
-                                "norm": float(np.linalg.norm(value.astype(np.float64))),
-                                "sum": float(value.astype(np.float64).sum())})
-                if self.keep_full:
-                    self.full_values[f"{step}|{key}"] = value
+                entry = {"key": key, "trainable": bool(variable.trainable), "elements": int(value.size),
+                         "chunks": weight_records.chunk_hashes(value)}
+                if reference is not None:
+                    entry.update(weight_records.difference(value, reference[key]) if key in reference
+                                 else {"max_abs": float("inf"), "max_rel": float("inf"), "scale": None})
+                described.append(entry)
+                if self.store:
+                    values[key] = value
+            if self.store:
+                weight_records.store_step(directory, step, values)
             self.steps.append({"step": step, "epoch": self.epoch, "loss": loss, "step_loss": step_loss,
-                               "seconds": seconds, "weights": weights})
-            if self.rank == 0:
+                               "seconds": seconds, "reductions": self.counter.update(),
+                               "compared_with_reference": reference is not None, "weights": described})
+            if self.master:
                 with open(os.path.join(directory, "progress"), "w") as handle:
                     handle.write(str(step))
             if step % 50 == 0:
@@ -133,11 +149,15 @@ def make_recorder(directory: str):
 
         def _write(self):
             path = os.path.join(directory, f"rank{self.rank}.json")
+            document = {"rank": self.rank, "world_size": reductions.world_size_from_environment(),
+                        "strategy": reductions.strategy_of(self.model),
+                        "gradient_reductions": self.steps[-1]["reductions"] if self.steps else None,
+                        "reduction_count_source": self.counter.source if self.counter else None,
+                        "chunk_elements": weight_records.CHUNK_ELEMENTS, "reference": reference,
+                        "steps": self.steps}
             with open(path + ".tmp", "w") as handle:
-                json.dump({"rank": self.rank, "steps": self.steps}, handle)
+                json.dump(document, handle)
             os.replace(path + ".tmp", path)
-            if self.keep_full and self.full_values:
-                np.savez(os.path.join(directory, "rank0.npz"), **self.full_values)
 
     return Recorder()
 

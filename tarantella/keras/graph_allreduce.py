@@ -45,6 +45,15 @@ class GraphAllreducer:
     def bucket_bytes(self) -> list[int]:
         return [self._reducer.bucket_bytes(b) for b in range(self._reducer.bucket_count)]
 
+    def reductions_completed(self) -> int | None:
+        """Bucket allreduces this reducer finished so far (the engine's counter, for tnt-repro's
+        Note [Refusing runs that distributed nothing]); None when the engine has no counter or the
+        reducer is closed."""
+        try:
+            return int(self._reducer.reductions_completed)
+        except (AttributeError, RuntimeError, ValueError):
+            return None
+
     def last_step_times(self) -> list[tuple[float, float, float]]:
         """(queued, started, finished) per bucket in the last step, seconds on the reducer's clock."""
         return self._reducer.last_step_times()

@@ -27,7 +27,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella import collectives, exact_train_step, repro_hook, runtime
+from tarantella import collectives, runtime
+from tarantella._repro import exact_train_step
+from tarantella._repro import hook as repro_hook
 from tarantella.data import distributed_dataset, user_input
 from tarantella.keras import callbacks as rank_callbacks
 from tarantella.keras import metric_reduction, models, overlap, tf_steps
@@ -167,7 +169,7 @@ class Model(keras.Model):
 
     def train_step(self, data):
         virtual_batches = exact_train_step.virtual_batches_from_environment()
-        if virtual_batches:  # tnt-repro's exact mode (Note [Exact mode] in tarantella/exact_reduction.py)
+        if virtual_batches:  # tnt-repro's exact mode (Note [Exact mode] in tarantella/_repro/exact_reduction.py)
             return exact_train_step.train_step(self, data, virtual_batches)
         return tf_steps.train_step(self, data)
 

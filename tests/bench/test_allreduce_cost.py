@@ -31,15 +31,16 @@ def test_auto_choice_mirrors_the_engine():
     assert choose_algorithm(1 << 20, 12, one_per_node) == "ring"              # large, other counts
 
 
-def test_hierarchical_is_node_reduce_leaders_allreduce_node_broadcast():
+def test_hierarchical_is_node_reduce_scatter_parallel_slices_across_nodes_node_allgather():
     cluster = _cluster(devices_per_node=4)
-    leaders = _cluster(devices_per_node=1)
-    n = 4 << 20
-    expected = (allreduce_time(n, 4, cluster, "shared_memory") + allreduce_time(n, 2, leaders, "rabenseifner")
-                + 1e-6 + n / 10e9)
+    n = 8 << 20                                         # 2 rounds of 4 MiB, slices of 1 MiB
+    peers = _cluster(devices_per_node=1, inter=(10e-6, 1e9 / 4))   # 4 slices share each interface
+    expected = allreduce_time(n, 4, cluster, "shared_memory") + 2 * allreduce_time(1 << 20, 2, peers,
+                                                                                   "rabenseifner")
     assert allreduce_time(n, 8, cluster, "hierarchical") == pytest.approx(expected)
-    # one transfer per network interface instead of four: cheaper than the flat algorithms
+    # each node's link carries the message once each way: cheaper than the flat algorithms
     assert allreduce_time(n, 8, cluster) < allreduce_time(n, 8, cluster, "rabenseifner")
+    assert choose_algorithm(n, 6, cluster) == "ring"    # 4 + 2 ranks per node: flat, as the engine
 
 
 def test_latency_is_paid_once_per_step_of_the_algorithm():

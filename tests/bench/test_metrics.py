@@ -11,6 +11,7 @@ def test_bleu():
     assert corpus_bleu(["a b c d"], ["e f g h"]) == 0.0
     partial = corpus_bleu(["the cat sat on the mat today"], ["the cat sat on the mat"])
     assert 0 < partial < 100
+    assert corpus_bleu(["The Cat sat on the mat"], ["the cat sat on the mat"]) == pytest.approx(100.0)  # uncased
 
 
 def test_byte_tokens_round_trip():

@@ -1,4 +1,6 @@
-"""tnt-bench train on the mini benchmark: reaches its target, logs MLPerf's :::MLLOG lines."""
+"""tnt-bench train on the mini benchmark: reaches its target, logs MLPerf's :::MLLOG lines that
+MLCommons' compliance checker accepts (bench/mlperf/compliance.py); so do the shipped logs."""
+import glob
 import json
 import os
 import subprocess
@@ -6,7 +8,8 @@ import sys
 
 import pytest
 
-from bench.mllog import parse_mllog
+from bench.mlperf import compliance
+from bench.mlperf.log import read_events
 from bench.specs import learning_rate_at, load_spec, scaled_learning_rate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,14 +26,42 @@ def test_mini_digits_reaches_its_target(tmp_path):
     assert result["reached"] and result["time_to_target_s"] > 0
     assert result["evaluations"][-1]["quality"] >= 0.95
     assert record["machine"]["hostname"] and record["spec"]["quality_target"] == 0.95
-    events = parse_mllog((tmp_path / "mllog.log").read_text())
+    events = read_events((tmp_path / "mllog.log").read_text())
     keys = [e["key"] for e in events]
-    for key in ("submission_benchmark", "global_batch_size", "opt_base_learning_rate", "init_start",
+    for key in ("submission_benchmark", "submission_division", "cache_clear", "seed", "global_batch_size",
+                "opt_base_learning_rate", "train_samples", "eval_samples", "quality_target", "init_start",
                 "init_stop", "run_start", "epoch_start", "eval_accuracy", "run_stop"):
         assert key in keys, key
     assert keys.index("init_stop") < keys.index("run_start") < keys.index("run_stop")
     assert events[-1]["metadata"]["status"] == "success"
     assert {e["event_type"] for e in events} == {"INTERVAL_START", "INTERVAL_END", "POINT_IN_TIME"}
+    assert compliance.check_log(str(tmp_path / "mllog.log")) == []
+
+
+SHIPPED_LOGS = sorted(glob.glob(os.path.join(REPO, "results", "bench", "*", "mllog.log")))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("path", SHIPPED_LOGS, ids=[os.path.basename(os.path.dirname(p)) for p in SHIPPED_LOGS])
+def test_shipped_time_to_accuracy_logs_pass_the_compliance_checker(path):
+    assert compliance.check_log(path) == []
+
+
+@pytest.mark.timeout(30)
+def test_the_compliance_checker_rejects_what_mlperf_rejects(tmp_path):
+    """A log missing what the issue found missing (division, cache_clear, eval_samples), or whose run
+    claims success below the target, is rejected: the check can fail."""
+    good = [line for line in open(SHIPPED_LOGS[0]).read().splitlines() if line.strip()]
+    for dropped in ("submission_division", "cache_clear", "eval_samples", "seed"):
+        path = tmp_path / f"without_{dropped}.log"
+        path.write_text("\n".join(line for line in good if f'"key": "{dropped}"' not in line) + "\n")
+        messages = compliance.check_log(str(path))
+        assert any(dropped in message for message in messages), (dropped, messages)
+    lowered = [line.replace('"key": "quality_target", "value": 0.95', '"key": "quality_target", "value": 0.9999')
+               for line in good]
+    path = tmp_path / "success_below_target.log"
+    path.write_text("\n".join(lowered) + "\n")
+    assert any("run_stop" in message for message in compliance.check_log(str(path)))
 
 
 @pytest.mark.timeout(10)

@@ -17,6 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 PLANTED = os.path.join(HERE, "programs", "planted.py")
 HANGS = os.path.join(HERE, "programs", "hangs.py")
+PLAIN_KERAS = os.path.join(HERE, "programs", "plain_keras.py")
 EXAMPLE_MLP = os.path.join(REPO, "examples", "mlp_numpy.py")
 EXAMPLE_CNN = os.path.join(REPO, "examples", "cnn_tf_data.py")
 SUBPROCESS_TIMEOUT = 280
@@ -101,6 +102,48 @@ def test_mlp_example_passes_in_tolerance_mode(tmp_path):
     assert "git_commit" in report["source"] and "cpus" in report["machine"]
     assert os.path.exists(report["plot"])
     assert "PASSED" in stdout
+    runs = {run["name"]: run for run in report["runs"]}
+    assert runs["2 devices"]["world_size"] == 2 and runs["2 devices"]["gradient_reductions"] >= 2
+    assert runs["2 devices"]["strategy"].startswith("data parallel")
+    compared = found["serial vs 2 devices"]["compared"]
+    assert compared["tensors"] == 4 and compared["elements_per_step"] == 64 * 32 + 32 + 32 * 10 + 10
+    assert compared["steps"] == 3 and compared["ranks"] == [0, 1]
+    assert report["tolerance"]["cap"] == 2.0 ** -12 and max(report["tolerance"]["weight_tolerance"]) <= 2.0 ** -12
+
+
+# --- runs that distributed nothing, and --wrap -------------------------------------------------------
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_plain_keras_script_is_not_distributed(tmp_path):
+    """Every rank trains alone and matches serial bit for bit: NOT DISTRIBUTED, not IDENTICAL."""
+    code, stdout, stderr, report = check(tmp_path, PLAIN_KERAS, "--devices", "2", "--steps", "2", "--no-as-written")
+    assert code == 1, stdout + stderr
+    assert [v["verdict"] for v in report["verdicts"]] == ["NOT DISTRIBUTED"]
+    verdict = report["verdicts"][0]
+    assert verdict["world_size"] == 2 and verdict["gradient_reductions"] == 0
+    assert "not wrapped in tnt.Model" in verdict["strategy"]
+    assert "NOT DISTRIBUTED (2 ranks, 0 gradient reductions)" in stdout
+    assert any(line.strip().startswith("fix:") and "tnt.Model(model)" in line and "--wrap" in line
+               for line in stdout.splitlines()), stdout
+    assert [run["name"] for run in report["runs"]] == ["serial", "2 devices"]  # the other runs are skipped
+    assert "FAILED" in stdout
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_wrap_checks_a_plain_keras_script_distributed(tmp_path):
+    code, stdout, stderr, report = check(tmp_path, PLAIN_KERAS, "--devices", "2", "--steps", "2", "--no-as-written",
+                                         "--wrap")
+    assert code == 0, stdout + stderr
+    found = verdicts_of(report)
+    assert found["serial vs 2 devices"]["verdict"] in ("IDENTICAL", "EQUIVALENT")
+    assert found["run-to-run (2 devices twice)"]["verdict"] == "IDENTICAL"
+    runs = {run["name"]: run for run in report["runs"]}
+    assert runs["serial"]["strategy"].startswith("none")          # the reference: the script as written
+    for name in ("2 devices", "2 devices (repeat)"):
+        assert runs[name]["strategy"].startswith("data parallel") and runs[name]["gradient_reductions"] >= 2
+    assert report["options"]["wrap"] is True
 
 
 @pytest.mark.multirank
@@ -109,8 +152,20 @@ def test_cnn_example_is_bitwise_identical_in_exact_mode(tmp_path):
     code, stdout, stderr, report = check(tmp_path, EXAMPLE_CNN, "--devices", "2", "--steps", "3",
                                          "--mode", "exact", "--no-as-written")
     assert code == 0, stdout + stderr
-    assert verdicts_of(report)["serial vs 2 devices"]["verdict"] == "IDENTICAL"
+    found = verdicts_of(report)
+    assert found["serial vs 2 devices"]["verdict"] == "IDENTICAL"
+    assert found["serial vs 2 devices"]["compared"]["ranks"] == [0, 1]
     assert report["options"]["virtual_batches"] == 2
+    # The exact serial reference against the production train step's serial run, both shown.
+    production = found["exact serial vs production serial"]
+    assert production["verdict"] in ("IDENTICAL", "EQUIVALENT") and production["compared"]["steps"] == 4
+    assert "exact mode's train step (2 virtual micro-batches" in report["reference"]
+    assert "one plain Python process" in report["reference"]
+    runs = {run["name"]: run for run in report["runs"]}
+    assert "TNT_EXACT_VIRTUAL_BATCHES" not in runs["serial (production)"]["env"]
+    assert runs["serial (production)"]["compared_with"] == "serial"
+    assert runs["calibration"]["compared_with"] == "serial_production"
+    assert "exact serial vs production serial" in stdout and "reference: serial:" in stdout
 
 
 # --- planted pitfalls are caught -----------------------------------------------------------------

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from tarantella import determinism, repro_hook
+from tarantella import determinism
+from tarantella._repro import hook as repro_hook
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

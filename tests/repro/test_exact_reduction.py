@@ -1,8 +1,8 @@
-"""Exact mode's arithmetic (tarantella/exact_reduction.py): one process, numpy only."""
+"""Exact mode's arithmetic (tarantella/_repro/exact_reduction.py): one process, numpy only."""
 import numpy as np
 import pytest
 
-from tarantella import exact_reduction
+from tarantella._repro import exact_reduction
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,0 +1,45 @@
+"""The tolerance's cap (Note [Tolerance cap]): a drifting calibration is reported, never a wide tolerance."""
+import numpy as np
+import pytest
+
+from repro import compare, tolerance, verdicts
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def _calibration(per_step: list[float]) -> compare.Differences:
+    """Serial vs calibration differences of one variable, as compare.differences returns them."""
+    steps = len(per_step) - 1
+    weights = np.array(per_step, dtype=np.float64).reshape(-1, 1)
+    return compare.Differences(steps, (steps, steps), ["000:model/dense/kernel"],
+                               [[value == 0.0] for value in per_step], weights, weights * 0.5,
+                               np.array([np.nan] + [0.0] * steps), sized=True)
+
+
+def test_a_drifting_calibration_is_reported_and_the_tolerance_stays_capped():
+    drifting = [0.0] + [1e-7 * 4.0 ** step for step in range(1, 12)]     # 4e-7 ... 0.42: exponential drift
+    derived = tolerance.derive(_calibration(drifting))
+    crossing = next(step for step, value in enumerate(drifting) if tolerance.SPREAD * value > tolerance.CAP)
+    assert derived.exceeded_cap_at == crossing
+    assert derived.weights.max() == tolerance.CAP and derived.uncapped_maximum > 1000 * tolerance.CAP
+    assert derived.how.startswith("calibration exceeds the cap") and f"step {crossing}" in derived.how
+    verdict = verdicts.calibration_exceeds_cap(derived)
+    assert verdict["verdict"] == "CALIBRATION_EXCEEDS_CAP" and verdict["verdict"] not in verdicts.PASSING
+    assert verdict["step"] == crossing and "--mode exact" in verdict["fix"]
+    assert derived.as_dict()["cap"] == tolerance.CAP and derived.as_dict()["exceeded_cap_at"] == crossing
+
+
+def test_a_steady_calibration_gives_the_measured_tolerance():
+    steady = [0.0, 1e-7, 2e-7, 2e-7, 3e-7]
+    derived = tolerance.derive(_calibration(steady))
+    assert derived.exceeded_cap_at is None and verdicts.calibration_exceeds_cap(derived) is None
+    expected = tolerance.SPREAD * np.maximum(np.maximum.accumulate(steady), np.arange(5) * tolerance.UNIT_ROUNDOFF)
+    assert derived.weights == pytest.approx(expected)
+    assert "capped at" in derived.how
+
+
+def test_the_step_floor_is_capped_on_long_runs():
+    long = [0.0] * 2001        # bitwise equal calibration over 2000 steps: only the floor s * u remains
+    derived = tolerance.derive(_calibration(long))
+    assert derived.exceeded_cap_at is None                                  # the floor alone is no drift
+    assert derived.weights[-1] == tolerance.CAP < tolerance.SPREAD * 2000 * tolerance.UNIT_ROUNDOFF
