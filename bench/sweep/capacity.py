@@ -1,4 +1,4 @@
-"""How many devices the machine or hostfile provides, and refusing counts beyond it."""
+"""How many devices the machine or hostfile provides, and which counts of a sweep fit."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,7 +6,7 @@ import dataclasses
 from bench.errors import BenchUsageError
 from bench.machine import physical_cores
 
-__all__ = ["Capacity", "find_capacity", "check_counts", "is_oversubscribed"]
+__all__ = ["Capacity", "find_capacity", "split_counts", "is_oversubscribed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,17 +30,12 @@ def find_capacity(hostfile: str | None, npernode: int | None) -> Capacity:
     return Capacity(sum(per_host), max(per_host), f"hostfile {hostfile} ({len(hosts)} hosts)")
 
 
-def check_counts(counts: list[int], capacity: Capacity, oversubscribe: bool) -> None:
-    """Refuse counts beyond the capacity; --oversubscribe allows them on one machine."""
-    beyond = [c for c in counts if c > capacity.devices]
-    if not beyond:
-        return
+def split_counts(counts: list[int], capacity: Capacity, oversubscribe: bool) -> tuple[list[int], list[int]]:
+    """(counts to run, counts beyond the capacity, to simulate); --oversubscribe runs them all
+    on this machine (never beyond a hostfile's slots)."""
     if oversubscribe and capacity.where.startswith("this machine"):
-        return
-    raise BenchUsageError(
-        f"--devices asks for {', '.join(map(str, beyond))} devices but {capacity.where} provides "
-        f"{capacity.devices}; add --simulate --cluster PROFILE to predict them, give a --hostfile "
-        f"with more slots, or --oversubscribe to run more ranks than cores on this machine")
+        return list(counts), []
+    return [c for c in counts if c <= capacity.devices], [c for c in counts if c > capacity.devices]
 
 
 def is_oversubscribed(count: int, capacity: Capacity) -> bool:

@@ -24,7 +24,7 @@ from bench.models.registry import get_model_entry
 from bench.simulate.cluster_profile import load_cluster_profile, shipped_profile_names
 from bench.simulate.model_profile import load_profile
 from bench.simulate.predict_sweep import check_cluster_capacity, simulated_row
-from bench.sweep.capacity import find_capacity, is_oversubscribed
+from bench.sweep.capacity import find_capacity, is_oversubscribed, split_counts
 from bench.sweep.options import SweepOptions
 from bench.sweep.progress import Progress
 from bench.sweep.runner import measured_row, run_point
@@ -115,14 +115,6 @@ def simulate_rows(options, entry, profile, cluster, counts):
     return rows
 
 
-def _split_counts(options, capacity):
-    """(counts to measure, counts to simulate) for a sweep that is not --simulate."""
-    if options.oversubscribe and capacity.where.startswith("this machine"):
-        return list(options.counts), []
-    return ([c for c in options.counts if c <= capacity.devices],
-            [c for c in options.counts if c > capacity.devices])
-
-
 def validation_table(rows: list[dict]) -> list[dict]:
     measured = {r["devices"]: r for r in rows if not r["simulated"]}
     table = []
@@ -169,7 +161,7 @@ def run_scaling(options: SweepOptions) -> dict:
     capacity = None
     if not options.simulate:
         capacity = find_capacity(options.hostfile, options.npernode)
-        measure, beyond = _split_counts(options, capacity)
+        measure, beyond = split_counts(options.counts, capacity, options.oversubscribe)
     cluster_name = options.cluster or (DEFAULT_CLUSTER if beyond else None)
     cluster = load_cluster_profile(cluster_name) if cluster_name else None
     if beyond:

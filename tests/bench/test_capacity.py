@@ -1,8 +1,7 @@
-"""Device counts beyond what the machine or the hostfile provides are refused before running."""
+"""Device counts beyond what the machine or the hostfile provides are simulated, not run."""
 import pytest
 
-from bench.errors import BenchUsageError
-from bench.sweep.capacity import check_counts, find_capacity
+from bench.sweep.capacity import find_capacity, split_counts
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -12,16 +11,15 @@ def test_hostfile_slots_and_npernode(tmp_path):
     hostfile.write_text("node1 slots=2\nnode2:3\n")
     assert find_capacity(str(hostfile), None).devices == 5
     assert find_capacity(str(hostfile), 4).devices == 8
-    with pytest.raises(BenchUsageError, match=r"hostfile .* provides 5"):
-        check_counts([1, 2, 4, 8], find_capacity(str(hostfile), None), oversubscribe=True)
+    # --oversubscribe never runs more ranks than a hostfile's slots: they are simulated
+    assert split_counts([1, 2, 4, 8], find_capacity(str(hostfile), None), oversubscribe=True) == ([1, 2, 4], [8])
 
 
-def test_this_machine_allows_oversubscription_only_when_asked():
+def test_this_machine_runs_beyond_its_cores_only_when_asked():
     capacity = find_capacity(None, None)
-    beyond = [capacity.devices * 2]
-    with pytest.raises(BenchUsageError, match="--oversubscribe"):
-        check_counts(beyond, capacity, oversubscribe=False)
-    check_counts(beyond, capacity, oversubscribe=True)
+    counts = [1, capacity.devices, capacity.devices * 2]
+    assert split_counts(counts, capacity, oversubscribe=False) == (counts[:2], counts[2:])
+    assert split_counts(counts, capacity, oversubscribe=True) == (counts, [])
 
 
 def test_bad_hostfile_is_a_usage_error(run_cli, tmp_path):
