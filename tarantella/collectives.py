@@ -4,6 +4,18 @@ Every rank of the group must call the same collective, in the same order,
 with arrays of the same size and dtype (allgather and the object variants
 excepted); otherwise every rank raises tnt.MismatchError or, after
 TNT_TIMEOUT_SECONDS, a TimeoutError naming the ranks not heard from.
+
+After a timeout or an MPI error the group has failed, together with every
+group split from the same world: each later collective raises
+tarantella.errors.GroupFailedError at once, naming the first failure, because
+peers may be gone or out of step and no result could be trusted. End the job
+then (and restart it from a checkpoint).
+
+Closing: `Group.close()` frees a sub-group's shared-memory segments; it is
+collective (every rank of the group calls it at the same point). A group that
+is only dropped and garbage-collected frees nothing collective (a garbage
+collector runs at a different moment on every rank): its segments go with
+MPI at exit.
 """
 from __future__ import annotations
 
@@ -38,6 +50,31 @@ class Group:
     def world_rank_of(self, rank: int) -> int:
         return self._handle.world_rank_of(rank)
 
+    @property
+    def node_count(self) -> int:
+        """The nodes (hosts) the group's ranks run on."""
+        return self._handle.node_count
+
+    @property
+    def local_rank(self) -> int:
+        """This rank's index among the group's ranks on its node."""
+        return self._handle.local_rank
+
+    @property
+    def local_size(self) -> int:
+        """The group's ranks on this rank's node."""
+        return self._handle.local_size
+
+    @property
+    def failed(self) -> bool:
+        """True once a collective of this group (or of its family) timed out or failed in MPI."""
+        return self._handle.failed
+
+    def close(self) -> None:
+        """Free the group's shared segments. Collective; later calls on the group raise ValueError.
+        The world group closes at exit only."""
+        self._handle.close()
+
     def split(self, color: int, key: int | None = None) -> "Group":
         """A sub-group of the ranks that pass the same `color`, ordered by `key` (default: rank). Collective."""
         return Group(self._handle.split(color, self.rank if key is None else key))
@@ -56,8 +93,17 @@ def allreduce(array, op: str = "sum", algorithm: str | None = None, out: np.ndar
 
     op: "sum", "average", "min" or "max". algorithm: "auto" (default: the
     configured TNT_ALLREDUCE_ALGORITHM), "ring", "recursive_doubling",
-    "rabenseifner", "shared_memory" (ranks on one node) or "mpi".
-    Results are bitwise identical on all ranks. Integer averages truncate toward zero.
+    "rabenseifner", "shared_memory" (ranks on one node), "hierarchical"
+    (node-local reduce-scatter through shared memory, inter-node allreduce of
+    each slice by the ranks of one local index in parallel, node-local
+    allgather) or "mpi". `auto` takes shared_memory on one node, hierarchical
+    when the group spans nodes with the same number (> 1) of ranks on each,
+    else a flat algorithm by size (recursive doubling below 64 KiB, then
+    Rabenseifner or ring). "hierarchical" with unequal ranks per node, or one
+    per node, falls back to that flat choice on every rank alike.
+    Results are bitwise identical on all ranks and across runs. min and max
+    propagate NaN and order -0 below +0, so they too agree bit for bit.
+    Integer averages truncate toward zero.
     """
     from tarantella import _engine
     chosen = algorithm if algorithm is not None else runtime.settings().allreduce_algorithm

@@ -51,7 +51,7 @@ def _parse_log_level(text: str) -> str:
     return level
 
 
-ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "mpi")
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "hierarchical", "mpi")
 
 
 def _parse_algorithm(text: str) -> str:

@@ -3,13 +3,16 @@
 #include <cstring>
 
 #include "errors.hpp"
+#include "hierarchical_allreduce.hpp"
+#include "quarantine.hpp"
 #include "reduce_kernels.hpp"
 #include "shared_memory_allreduce.hpp"
 
 namespace tnt {
 
 namespace {
-const char* const kAlgorithmNames[] = {"auto", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "mpi"};
+const char* const kAlgorithmNames[] = {"auto",          "ring", "recursive_doubling", "rabenseifner",
+                                      "shared_memory", "mpi",  "hierarchical"};
 constexpr std::size_t kSmallMessageBytes = 64 * 1024;
 
 bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
@@ -18,11 +21,11 @@ bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 const char* algorithm_name(Algorithm algorithm) { return kAlgorithmNames[static_cast<int>(algorithm)]; }
 
 Algorithm algorithm_from_name(const std::string& name) {
-  for (int i = 0; i <= static_cast<int>(Algorithm::mpi); ++i) {
+  for (int i = 0; i <= static_cast<int>(Algorithm::hierarchical); ++i) {
     if (name == kAlgorithmNames[i]) return static_cast<Algorithm>(i);
   }
   throw UsageError("unknown allreduce algorithm '" + name +
-                   "': use auto, ring, recursive_doubling, rabenseifner, shared_memory or mpi");
+                   "': use auto, ring, recursive_doubling, rabenseifner, shared_memory, hierarchical or mpi");
 }
 
 Range part_of(std::size_t count, int parts, int index) {
@@ -47,19 +50,44 @@ void throw_mismatched_calls(const ProcessGroup& group, const std::vector<std::st
 
 Allreducer::Allreducer(const ProcessGroup& group) : group_(group.duplicate()) {}
 
-Allreducer::~Allreducer() = default;
+Allreducer::~Allreducer() {
+  // Note [Memory that a failed collective may still write]
+  if (group_->failed()) quarantine(std::move(scratch_));
+}
+
+void Allreducer::close() {
+  if (shared_memory_) shared_memory_->close();
+  if (hierarchical_) hierarchical_->close();
+}
+
+Algorithm choose_flat(std::size_t bytes, int ranks) {
+  if (bytes < kSmallMessageBytes) return Algorithm::recursive_doubling;
+  return is_power_of_two(ranks) ? Algorithm::rabenseifner : Algorithm::ring;
+}
 
 Algorithm Allreducer::choose(std::size_t bytes) const {
-  if (group_->on_one_node()) return Algorithm::shared_memory;
-  if (bytes < kSmallMessageBytes) return Algorithm::recursive_doubling;
-  return is_power_of_two(group_->size()) ? Algorithm::rabenseifner : Algorithm::ring;
+  return resolve(Algorithm::hierarchical, bytes);
+}
+
+Algorithm Allreducer::resolve(Algorithm algorithm, std::size_t bytes) const {
+  const ProcessGroup& g = *group_;
+  if (algorithm == Algorithm::automatic) return choose(bytes);
+  if (algorithm != Algorithm::hierarchical) return algorithm;
+  if (g.on_one_node()) return Algorithm::shared_memory;
+  if (g.equal_ranks_per_node() && g.local_size() > 1) return Algorithm::hierarchical;
+  return choose_flat(bytes, g.size());
 }
 
 void Allreducer::check_same_call(const AllreduceCall& call, Algorithm algorithm) {
   const long long mine[4] = {static_cast<long long>(call.count), static_cast<long long>(call.dtype),
                              static_cast<long long>(call.op), static_cast<long long>(algorithm)};
   std::vector<long long> all(4 * group_->size());
-  group_->allgather(mine, sizeof mine, all.data());
+  try {
+    group_->allgather(mine, sizeof mine, all.data());
+  } catch (...) {
+    if (group_->failed()) quarantine(std::move(all));  // Note [Memory that a failed collective may still write]
+    throw;
+  }
   bool same = true;
   for (int r = 0; r < group_->size(); ++r) same = same && std::memcmp(&all[4 * r], mine, sizeof mine) == 0;
   if (same) return;
@@ -74,15 +102,19 @@ void Allreducer::check_same_call(const AllreduceCall& call, Algorithm algorithm)
 }
 
 void Allreducer::run(const AllreduceCall& call, Algorithm algorithm, bool verified) {
+  group_->guarded("allreduce", [&] { run_resolved(call, algorithm, verified); });
+}
+
+void Allreducer::run_resolved(const AllreduceCall& call, Algorithm algorithm, bool verified) {
   const std::size_t bytes = call.count * element_size(call.dtype);
   if (algorithm == Algorithm::shared_memory && !group_->on_one_node()) {
-    throw UsageError("the shared_memory allreduce needs all ranks on one node; use auto or another algorithm");
+    throw UsageError("the shared_memory allreduce needs all ranks on one node; use auto or hierarchical");
   }
   if (group_->size() == 1) {
     if (call.out != call.in && bytes) std::memmove(call.out, call.in, bytes);
     return;
   }
-  const Algorithm chosen = algorithm == Algorithm::automatic ? choose(bytes) : algorithm;
+  const Algorithm chosen = resolve(algorithm, bytes);
   if (chosen == Algorithm::shared_memory) {
     // Checks the call itself, through the segment headers, at no extra cost.
     if (!shared_memory_) shared_memory_ = std::make_unique<SharedMemoryAllreduce>(*group_);
@@ -95,6 +127,11 @@ void Allreducer::run(const AllreduceCall& call, Algorithm algorithm, bool verifi
     case Algorithm::recursive_doubling: recursive_doubling_allreduce(*group_, call, scratch_); break;
     case Algorithm::rabenseifner: rabenseifner_allreduce(*group_, call, scratch_); break;
     case Algorithm::mpi: mpi_allreduce(*group_, call); break;
+    case Algorithm::hierarchical:
+      if (!hierarchical_) hierarchical_ = std::make_unique<HierarchicalAllreduce>(*group_);
+      // Divides averages itself, once, by the whole group's size.
+      hierarchical_->run(call);
+      return;
     default: TNT_ASSERT(false, "unresolved algorithm");
   }
   finish_average(call.out, call.count, call.dtype, call.op, group_->size());

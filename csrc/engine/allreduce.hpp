@@ -6,8 +6,27 @@
 // value is computed either by exactly one rank and then copied to the others
 // (ring, Rabenseifner, shared memory), or by pairs of ranks that combine the
 // same two operands (recursive doubling; IEEE addition, min and max are
-// commutative bit for bit). `auto` depends only on the byte count, the rank
-// count and whether the group is on one node, so all ranks choose alike.
+// commutative bit for bit, and min and max select under a total order,
+// Note [Min and max of floating point]). `auto` depends only on the byte
+// count, the rank count and the group's node layout, so all ranks choose alike.
+//
+// Note [Choosing an algorithm]
+// `auto`: all ranks on one node -> shared_memory; nodes with the same number
+// (> 1) of the group's ranks each -> hierarchical (Note [Hierarchical
+// allreduce]); otherwise the flat algorithms: recursive doubling below 64 KiB,
+// Rabenseifner for 2^k ranks, ring for other counts. Asking for hierarchical
+// where it does not apply falls back alike on every rank: to shared_memory
+// on one node, and to the flat choice with one rank per node or with unequal
+// ranks per node (e.g. 3 + 1).
+//
+// Note [Closing is explicit]
+// Freeing shared windows (MPI_Win_free) waits for every rank of the group. A
+// destructor run by Python's garbage collector, at a different moment on each
+// rank, must never wait for peers (it would deadlock against a peer inside
+// the next collective). So the collective part of freeing happens only in an
+// explicit close() (Python: Group.close(), Reducer.close()) or in the
+// engine's stop at exit; a destructor frees only what is local and leaves
+// unclosed windows to MPI_Finalize.
 #pragma once
 
 #include <cstddef>
@@ -20,12 +39,13 @@
 
 namespace tnt {
 
-enum class Algorithm : int { automatic = 0, ring, recursive_doubling, rabenseifner, shared_memory, mpi };
+enum class Algorithm : int { automatic = 0, ring, recursive_doubling, rabenseifner, shared_memory, mpi, hierarchical };
 
 const char* algorithm_name(Algorithm algorithm);
 Algorithm algorithm_from_name(const std::string& name);  // "auto", "ring", ...; throws UsageError
 
 class SharedMemoryAllreduce;
+class HierarchicalAllreduce;
 
 // What one allreduce call works on; `in` may equal `out`.
 struct AllreduceCall {
@@ -46,15 +66,25 @@ class Allreducer {
   // `verified`: the caller already knows all ranks pass the same count, dtype
   // and op (a FusedReducer's static buckets), so the per-call check is skipped.
   void run(const AllreduceCall& call, Algorithm algorithm, bool verified = false);
+  // What `auto` runs for `bytes` (Note [Choosing an algorithm]).
   Algorithm choose(std::size_t bytes) const;
+  // The algorithm that runs when `algorithm` is asked for (fallbacks applied).
+  Algorithm resolve(Algorithm algorithm, std::size_t bytes) const;
   ProcessGroup& group() { return *group_; }
+  // Collective: frees the shared segments (Note [Closing is explicit]).
+  void close();
 
  private:
   void check_same_call(const AllreduceCall& call, Algorithm algorithm);
+  void run_resolved(const AllreduceCall& call, Algorithm algorithm, bool verified);
   std::unique_ptr<ProcessGroup> group_;
   std::unique_ptr<SharedMemoryAllreduce> shared_memory_;  // made on first use (collective)
+  std::unique_ptr<HierarchicalAllreduce> hierarchical_;   // made on first use (collective)
   std::vector<char> scratch_;
 };
+
+// The flat algorithm for `bytes` over `ranks` ranks on several nodes.
+Algorithm choose_flat(std::size_t bytes, int ranks);
 
 // The algorithms; each reduces `call` in place in call.out after copying
 // call.in there, using `scratch` as it needs.

@@ -24,7 +24,7 @@ int tnt_engine_abi_version(void) { return 1; }
 
 int tnt_reducer_ready(int reducer, size_t tensor, const void* data, size_t bytes, char* error, size_t error_size) {
   try {
-    tnt::Engine::get().reducer(reducer).ready(tensor, data, bytes);
+    tnt::Engine::get().reducer(reducer)->ready(tensor, data, bytes);
     return 0;
   } catch (const std::exception& e) {
     return report(e, error, error_size);
@@ -34,7 +34,10 @@ int tnt_reducer_ready(int reducer, size_t tensor, const void* data, size_t bytes
 int tnt_reducer_deliver(int reducer, size_t tensor, void* out, size_t bytes, tnt_done_fn done, void* context,
                         char* error, size_t error_size) {
   try {
-    tnt::FusedReducer& target = tnt::Engine::get().reducer(reducer);
+    // Held for this call; the callback runs on the progress thread (while the
+    // reducer exists), at once, or from its destructor with a failure.
+    const std::shared_ptr<tnt::FusedReducer> held = tnt::Engine::get().reducer(reducer);
+    tnt::FusedReducer& target = *held;
     target.when_reduced(tensor, [&target, tensor, out, bytes, done, context](const std::string& failure) {
       if (!failure.empty()) {
         done(context, failure.c_str());
@@ -48,6 +51,15 @@ int tnt_reducer_deliver(int reducer, size_t tensor, void* out, size_t bytes, tnt
       }
       done(context, nullptr);
     });
+    return 0;
+  } catch (const std::exception& e) {
+    return report(e, error, error_size);
+  }
+}
+
+int tnt_reducer_reductions_completed(int reducer, unsigned long long* count, char* error, size_t error_size) {
+  try {
+    *count = tnt::Engine::get().reducer(reducer)->reductions_completed();
     return 0;
   } catch (const std::exception& e) {
     return report(e, error, error_size);

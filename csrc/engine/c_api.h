@@ -22,6 +22,9 @@ int tnt_reducer_ready(int reducer, size_t tensor, const void* data, size_t bytes
 int tnt_reducer_deliver(int reducer, size_t tensor, void* out, size_t bytes, tnt_done_fn done, void* context,
                         char* error, size_t error_size);
 
+/* The number of bucket allreduces the reducer completed since it was made. */
+int tnt_reducer_reductions_completed(int reducer, unsigned long long* count, char* error, size_t error_size);
+
 /* The engine version the op library was built against must match this. */
 int tnt_engine_abi_version(void);
 

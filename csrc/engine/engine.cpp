@@ -3,7 +3,12 @@
 #include <mpi.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
 
 #include "errors.hpp"
 #include "mpi_call.hpp"
@@ -16,13 +21,27 @@ std::mutex g_engine_mutex;
 // Whether MPI_Init was ours, so stop() finalises only what it started.
 bool g_owns_mpi = false;
 
-// More ranks on this node than cores this rank may run on (see set_oversubscribed).
+// This machine's boot id: the same in every container and network namespace
+// of one kernel, unlike the hostname MPI uses to tell nodes apart.
+std::uint64_t machine_id() {
+  std::ifstream file("/proc/sys/kernel/random/boot_id");
+  std::string text;
+  std::getline(file, text);
+  std::uint64_t hash = 1469598103934665603ull;
+  for (char c : text) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return hash;
+}
+
+// More ranks on this machine than cores this rank may run on (see
+// set_oversubscribed). Counted per kernel, not per MPI node: hosts emulated
+// by network namespaces (tests, benchmarks) share one machine's cores.
 bool node_is_oversubscribed() {
-  MPI_Comm node = MPI_COMM_NULL;
-  TNT_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int node_ranks = 1;
-  TNT_MPI(MPI_Comm_size(node, &node_ranks));
-  TNT_MPI(MPI_Comm_free(&node));
+  int world_size = 1;
+  TNT_MPI(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+  const std::uint64_t mine = machine_id();
+  std::vector<std::uint64_t> all(world_size);
+  TNT_MPI(MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD));
+  const int node_ranks = static_cast<int>(std::count(all.begin(), all.end(), mine));
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   const int usable = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
@@ -78,16 +97,33 @@ void Engine::stop() {
     engine.swap(g_engine);
   }
   if (!engine) return;
+  // Reducers go locally: some ranks' garbage collectors may have removed a
+  // reducer that others still hold (Note [Closing is explicit]).
+  std::map<int, std::shared_ptr<FusedReducer>> reducers;
   {
     std::lock_guard<std::mutex> lock(engine->reducers_mutex_);
-    engine->reducers_.clear();
+    reducers.swap(engine->reducers_);
+  }
+  reducers.clear();
+  const bool failed = engine->world_->failed();
+  if (!failed) {
+    try {
+      engine->world_allreducer_->close();
+    } catch (const Error& error) {
+      log_warning(std::string("closing the engine: ") + error.what());
+    }
+  }
+  const bool healthy = !engine->world_->failed();
+  if (!healthy) {
+    log_warning("not finalising MPI, because a collective failed earlier (" + engine->world_->first_failure() +
+                "); the launcher ends the job");
   }
   engine->world_allreducer_.reset();
   engine->world_.reset();
   engine.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (g_owns_mpi && !finalized) MPI_Finalize();
+  if (g_owns_mpi && !finalized && healthy) MPI_Finalize();
 }
 
 void Engine::abort_job(int exit_code) {
@@ -106,15 +142,32 @@ int Engine::add_reducer(std::unique_ptr<FusedReducer> reducer) {
   return id;
 }
 
-FusedReducer& Engine::reducer(int id) {
+std::shared_ptr<FusedReducer> Engine::reducer(int id) {
   std::lock_guard<std::mutex> lock(reducers_mutex_);
   auto found = reducers_.find(id);
   if (found == reducers_.end()) throw UsageError("no gradient reducer with id " + std::to_string(id));
-  return *found->second;
+  return found->second;
+}
+
+void Engine::close_reducer(int id) {
+  std::shared_ptr<FusedReducer> reducer;
+  {
+    std::lock_guard<std::mutex> lock(reducers_mutex_);
+    auto found = reducers_.find(id);
+    if (found == reducers_.end()) return;
+    reducer = found->second;
+  }
+  try {
+    reducer->close();
+  } catch (...) {
+    remove_reducer(id);
+    throw;
+  }
+  remove_reducer(id);
 }
 
 void Engine::remove_reducer(int id) {
-  std::unique_ptr<FusedReducer> reducer;
+  std::shared_ptr<FusedReducer> reducer;
   {
     std::lock_guard<std::mutex> lock(reducers_mutex_);
     auto found = reducers_.find(id);
@@ -122,6 +175,7 @@ void Engine::remove_reducer(int id) {
     reducer = std::move(found->second);
     reducers_.erase(found);
   }
+  reducer->abandon();
 }
 
 }  // namespace tnt

@@ -33,7 +33,11 @@ class Engine {
   // The started engine; throws UsageError if start() was not called.
   static Engine& get();
   static bool started();
-  // Frees groups and reducers, and finalises MPI if the engine initialised it.
+  // At exit, on every rank: frees the world's shared segments (collective)
+  // and every reducer (locally), and finalises MPI if the engine initialised
+  // it. After a failure (Note [A failed group stays failed]) it frees nothing
+  // collective and does not finalise: peers may be gone, and MPI_Finalize
+  // could wait for them forever; the launcher ends the job.
   static void stop();
   // Ends the whole job from any rank (MPI_Abort on the world).
   [[noreturn]] static void abort_job(int exit_code);
@@ -44,7 +48,11 @@ class Engine {
   Allreducer& world_allreducer() { return *world_allreducer_; }
 
   int add_reducer(std::unique_ptr<FusedReducer> reducer);
-  FusedReducer& reducer(int id);
+  // Shared, so that a reducer removed by another thread lives until its caller is done.
+  std::shared_ptr<FusedReducer> reducer(int id);
+  // Collective on the reducer's group: close it (Note [Closing is explicit]), then forget it.
+  void close_reducer(int id);
+  // Local: forget the reducer; its destructor fails results still awaited.
   void remove_reducer(int id);
 
  private:
@@ -53,7 +61,7 @@ class Engine {
   std::unique_ptr<ProcessGroup> world_;
   std::unique_ptr<Allreducer> world_allreducer_;
   std::mutex reducers_mutex_;
-  std::map<int, std::unique_ptr<FusedReducer>> reducers_;
+  std::map<int, std::shared_ptr<FusedReducer>> reducers_;
   int next_reducer_id_ = 1;
 };
 

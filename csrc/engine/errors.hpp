@@ -33,6 +33,14 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+// A collective of this process group (or of a group derived from the same
+// parent) timed out or failed in MPI earlier: peers may be gone or out of
+// step, so every later collective refuses to run (Note [A failed group stays failed]).
+class GroupFailedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Bad arguments from the caller (wrong size, unknown name, wrong state).
 class UsageError : public Error {
  public:

@@ -4,10 +4,12 @@
 
 #include "errors.hpp"
 #include "log.hpp"
+#include "quarantine.hpp"
 
 namespace tnt {
 
 namespace {
+std::atomic<std::uint64_t> g_reductions_completed{0};
 std::string tensor_text(std::size_t tensor) { return "tensor " + std::to_string(tensor); }
 }  // namespace
 
@@ -26,13 +28,41 @@ FusedReducer::FusedReducer(const ProcessGroup& group, std::vector<TensorSpec> te
   progress_thread_ = std::thread([this] { progress_loop(); });
 }
 
-FusedReducer::~FusedReducer() {
+std::uint64_t FusedReducer::reductions_completed_in_process() {
+  return g_reductions_completed.load(std::memory_order_acquire);
+}
+
+void FusedReducer::stop_progress_thread() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   queued_.notify_all();
   if (progress_thread_.joinable()) progress_thread_.join();
+}
+
+void FusedReducer::close() {
+  if (closed_) return;
+  stop_progress_thread();
+  closed_ = true;
+  abandon();
+  // A failed group keeps its windows (Note [A failed group stays failed]).
+  if (!allreducer_->group().failed()) allreducer_->close();
+}
+
+void FusedReducer::abandon() {
+  stop_progress_thread();
+  // Whoever still waits for a result (a FinishAllreduce op) hears of it now.
+  const char* text = "the gradient reducer was closed or destroyed before this result was delivered";
+  fail_with(std::make_exception_ptr(UsageError(text)), text);
+}
+
+FusedReducer::~FusedReducer() {
+  abandon();
+  if (allreducer_->group().failed()) {
+    // Note [Memory that a failed collective may still write]
+    for (auto& bucket : buckets_) quarantine(std::move(bucket->buffer));
+  }
 }
 
 void FusedReducer::lay_out(std::size_t fusion_threshold_bytes) {
@@ -80,7 +110,12 @@ void FusedReducer::check_same_layout(std::size_t fusion_threshold_bytes) {
                                  static_cast<std::uint64_t>(op_), static_cast<std::uint64_t>(algorithm_)};
   ProcessGroup& group = allreducer_->group();
   std::vector<std::uint64_t> all(6 * group.size());
-  group.allgather(mine, sizeof mine, all.data());
+  try {
+    group.allgather(mine, sizeof mine, all.data());
+  } catch (...) {
+    if (group.failed()) quarantine(std::move(all));  // Note [Memory that a failed collective may still write]
+    throw;
+  }
   bool same = true;
   for (int r = 0; r < group.size(); ++r) same = same && std::memcmp(&all[6 * r], mine, sizeof mine) == 0;
   if (same) return;
@@ -116,6 +151,8 @@ FusedReducer::TensorSlot& FusedReducer::slot(std::size_t tensor, std::size_t byt
     std::lock_guard<std::mutex> lock(mutex_);
     std::rethrow_exception(error_ptr_);
   }
+  // A group that failed elsewhere (another reducer, a main-thread collective) fails this reducer at once.
+  allreducer_->group().check_usable(what);
   return slot;
 }
 
@@ -171,6 +208,8 @@ void FusedReducer::progress_loop() {
       std::lock_guard<std::mutex> lock(mutex_);
       bucket->state = State::reduced;
       bucket->times.finished = now();
+      reductions_completed_.fetch_add(1, std::memory_order_acq_rel);
+      g_reductions_completed.fetch_add(1, std::memory_order_acq_rel);
       waiters.swap(bucket->waiters);
     }
     reduced_.notify_all();
@@ -181,27 +220,40 @@ void FusedReducer::progress_loop() {
 
 void FusedReducer::fail(const std::string& error) {
   log_warning(error);
+  std::exception_ptr typed;
+  try {
+    std::rethrow_exception(std::current_exception());
+  } catch (const TimeoutError&) {
+    typed = std::make_exception_ptr(TimeoutError(error));
+  } catch (const MismatchError&) {
+    typed = std::make_exception_ptr(MismatchError(error));
+  } catch (const GroupFailedError&) {
+    typed = std::make_exception_ptr(GroupFailedError(error));
+  } catch (...) {
+    typed = std::make_exception_ptr(Error(error));
+  }
+  fail_with(typed, error);
+}
+
+// Records the first failure; fails every waiter, also those of a later one.
+void FusedReducer::fail_with(std::exception_ptr error, const std::string& text) {
   std::vector<Callback> waiters;
+  std::string reported;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    error_ = error;
-    try {
-      std::rethrow_exception(std::current_exception());
-    } catch (const TimeoutError&) {
-      error_ptr_ = std::make_exception_ptr(TimeoutError(error));
-    } catch (const MismatchError&) {
-      error_ptr_ = std::make_exception_ptr(MismatchError(error));
-    } catch (...) {
-      error_ptr_ = std::make_exception_ptr(Error(error));
+    if (error_.empty()) {
+      error_ = text;
+      error_ptr_ = error;
+      failed_.store(true, std::memory_order_release);
     }
-    failed_.store(true, std::memory_order_release);
+    reported = error_;
     for (auto& bucket : buckets_) {
       for (Callback& waiter : bucket->waiters) waiters.push_back(std::move(waiter));
       bucket->waiters.clear();
     }
   }
   reduced_.notify_all();
-  for (Callback& waiter : waiters) waiter(error);
+  for (Callback& waiter : waiters) waiter(reported);
 }
 
 void FusedReducer::when_reduced(std::size_t tensor, Callback callback) {

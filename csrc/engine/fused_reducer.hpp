@@ -28,7 +28,14 @@
 //                    any framework thread, once per tensor per step: get the
 //                    tensor's result (by callback or blocking); the last
 //                    collection of a bucket makes it ready for the next step.
-//   ~FusedReducer()  framework thread: stop and join the progress thread.
+//   close()          framework thread, collectively on all ranks, once no
+//                    step is in flight: stop the progress thread, free the
+//                    shared segments (Note [Closing is explicit]).
+//   abandon() / ~FusedReducer()
+//                    any thread, also a garbage collector's: stop and join
+//                    the progress thread and fail every result still awaited
+//                    (a pending TensorFlow FinishAllreduce gets an error, it
+//                    is never left waiting); nothing collective.
 #pragma once
 
 #include <atomic>
@@ -88,6 +95,16 @@ class FusedReducer {
   std::size_t bucket_of(std::size_t tensor) const;
   std::size_t bucket_bytes(std::size_t bucket) const;
   std::vector<BucketTimes> last_step_times() const;
+  // Bucket allreduces the progress thread finished successfully since the reducer was made.
+  std::uint64_t reductions_completed() const { return reductions_completed_.load(std::memory_order_acquire); }
+  // The same, summed over every reducer this process ever made (closed ones too).
+  static std::uint64_t reductions_completed_in_process();
+
+  // Collective: see the lifecycle above. Later calls fail with UsageError.
+  void close();
+  // Local: what the destructor does, for a reducer that others may still
+  // hold for a moment (Engine::remove_reducer). Idempotent.
+  void abandon();
 
  private:
   enum class State { filling, queued, reducing, reduced };
@@ -116,6 +133,8 @@ class FusedReducer {
   void check_same_layout(std::size_t fusion_threshold_bytes);
   void progress_loop();
   void fail(const std::string& error);
+  void fail_with(std::exception_ptr error, const std::string& text);
+  void stop_progress_thread();
   double now() const;
   TensorSlot& slot(std::size_t tensor, std::size_t bytes, const char* what);
 
@@ -134,6 +153,8 @@ class FusedReducer {
   std::exception_ptr error_ptr_;      // guarded by mutex_; the exception behind error_
   std::atomic<bool> failed_{false};   // error_ is set; read without the lock on hot paths
   std::size_t next_bucket_ = 0;       // progress thread only: the bucket it reduces next
+  std::atomic<std::uint64_t> reductions_completed_{0};  // written by the progress thread only
+  bool closed_ = false;               // framework thread only: close() ran
   std::thread progress_thread_;       // last member: starts after everything above exists
 };
 

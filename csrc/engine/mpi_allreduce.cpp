@@ -1,6 +1,6 @@
 // The MPI library's own non-blocking allreduce, as a baseline. float16 and
 // bfloat16 have no MPI type, so they travel as 16-bit words with a user-defined
-// op that calls our kernels.
+// op that calls our kernels; so does floating-point min and max (needs_own_op).
 #include <mpi.h>
 
 #include "allreduce.hpp"
@@ -13,24 +13,38 @@ namespace tnt {
 namespace {
 
 template <DType D, ReduceOp O>
-void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
+void own_op(void* in, void* inout, int* len, MPI_Datatype*) {
   reduce_into(inout, in, static_cast<std::size_t>(*len), D, O);
 }
 
-MPI_Op make_half_op(DType dtype, ReduceOp op) {
-  MPI_User_function* fn = nullptr;
-  const bool half = dtype == DType::float16;
+template <DType D>
+MPI_User_function* own_op_for(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::average:
-      fn = half ? half_op<DType::float16, ReduceOp::sum> : half_op<DType::bfloat16, ReduceOp::sum>;
-      break;
-    case ReduceOp::min:
-      fn = half ? half_op<DType::float16, ReduceOp::min> : half_op<DType::bfloat16, ReduceOp::min>;
-      break;
-    case ReduceOp::max:
-      fn = half ? half_op<DType::float16, ReduceOp::max> : half_op<DType::bfloat16, ReduceOp::max>;
-      break;
+    case ReduceOp::average: return own_op<D, ReduceOp::sum>;
+    case ReduceOp::min: return own_op<D, ReduceOp::min>;
+    case ReduceOp::max: return own_op<D, ReduceOp::max>;
+  }
+  TNT_ASSERT(false, "unknown op");
+}
+
+// float16 and bfloat16 have no MPI type; floating-point min and max must
+// treat NaN and -0 alike on every rank (Note [Min and max of floating point]),
+// which MPI_MIN and MPI_MAX do not promise.
+bool needs_own_op(DType dtype, ReduceOp op) {
+  if (dtype == DType::float16 || dtype == DType::bfloat16) return true;
+  const bool floating = dtype == DType::float32 || dtype == DType::float64;
+  return floating && (op == ReduceOp::min || op == ReduceOp::max);
+}
+
+MPI_Op make_own_op(DType dtype, ReduceOp op) {
+  MPI_User_function* fn = nullptr;
+  switch (dtype) {
+    case DType::float16: fn = own_op_for<DType::float16>(op); break;
+    case DType::bfloat16: fn = own_op_for<DType::bfloat16>(op); break;
+    case DType::float32: fn = own_op_for<DType::float32>(op); break;
+    case DType::float64: fn = own_op_for<DType::float64>(op); break;
+    default: TNT_ASSERT(false, "integers use MPI's own ops");
   }
   MPI_Op handle = MPI_OP_NULL;
   TNT_MPI(MPI_Op_create(fn, 1, &handle));
@@ -62,8 +76,8 @@ MPI_Op mpi_op(ReduceOp op) {
 }  // namespace
 
 void mpi_allreduce(ProcessGroup& group, const AllreduceCall& call) {
-  const bool packed = call.dtype == DType::float16 || call.dtype == DType::bfloat16;
-  MPI_Op op = packed ? make_half_op(call.dtype, call.op) : mpi_op(call.op);
+  const bool packed = needs_own_op(call.dtype, call.op);
+  MPI_Op op = packed ? make_own_op(call.dtype, call.op) : mpi_op(call.op);
   const void* send = call.in == call.out ? MPI_IN_PLACE : call.in;
   std::vector<MPI_Request> request(1);
   const std::size_t bytes = call.count * element_size(call.dtype);

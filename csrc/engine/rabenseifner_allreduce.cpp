@@ -2,6 +2,14 @@
 // half of the remaining range with a partner) followed by an allgather by
 // recursive doubling that retraces the same ranges. Bandwidth-optimal like the
 // ring but in 2*log2(p) steps; each element is reduced by one rank only.
+//
+// Note [Rabenseifner's exchange order]
+// The first halving step moves half the message, the last one 1/p of it. The
+// halving therefore pairs ranks whose (core) numbers differ in the lowest bit
+// first: with block placement (ranks 0..L-1 on the first node, ...) those are
+// neighbours on one node, so the large exchanges go through shared memory and
+// only the small late ones cross the network. The allgather retraces the
+// steps backwards, so its large exchanges are node-local too.
 #include <cstring>
 
 #include "allreduce.hpp"
@@ -26,7 +34,7 @@ void rabenseifner_allreduce(ProcessGroup& group, const AllreduceCall& call, std:
     std::vector<Halving> steps;
     Range mine{0, call.count};
     scratch.resize((call.count / 2 + 1) * elem);
-    for (int mask = fold.core_size / 2; mask >= 1; mask >>= 1) {
+    for (int mask = 1; mask < fold.core_size; mask <<= 1) {
       const int partner = fold.group_rank_of(fold.core_rank ^ mask);
       const Range lower{mine.offset, mine.length / 2};
       const Range upper{mine.offset + lower.length, mine.length - lower.length};
@@ -39,7 +47,7 @@ void rabenseifner_allreduce(ProcessGroup& group, const AllreduceCall& call, std:
       steps.push_back({mine, keep_upper});
       mine = keep;
     }
-    for (int mask = 1; mask < fold.core_size; mask <<= 1) {
+    for (int mask = fold.core_size / 2; mask >= 1; mask >>= 1) {
       const Range whole = steps.back().whole;
       const bool have_upper = steps.back().kept_upper;
       steps.pop_back();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "errors.hpp"
 
@@ -27,7 +28,9 @@ float half_to_float(unsigned short h) {
       bits = sign | static_cast<std::uint32_t>(127 - 15 - shift + 1) << 23 | mantissa << 13;
     }
   } else if (exponent == 0x1F) {
-    bits = sign | 0x7F800000u | mantissa << 13;
+    // NaNs come out quiet, as float_to_half stores them, so a value's order
+    // under min/max does not change when it is narrowed between two steps.
+    bits = sign | 0x7F800000u | mantissa << 13 | (mantissa ? 0x400000u : 0u);
   } else {
     bits = sign | (exponent + 127 - 15) << 23 | mantissa << 13;
   }
@@ -42,7 +45,8 @@ unsigned short float_to_half(float value) {
   const std::uint32_t sign = (bits >> 16) & 0x8000u;
   const std::uint32_t abs = bits & 0x7FFFFFFFu;
   if (abs >= 0x7F800000u) {  // inf or nan
-    return static_cast<unsigned short>(sign | 0x7C00u | (abs > 0x7F800000u ? 0x200u : 0u));
+    // A NaN stays quiet and keeps the top of its payload (Note [Min and max of floating point]).
+    return static_cast<unsigned short>(sign | 0x7C00u | (abs > 0x7F800000u ? 0x200u | ((abs >> 13) & 0x3FFu) : 0u));
   }
   if (abs >= 0x477FF000u) return static_cast<unsigned short>(sign | 0x7C00u);  // rounds to inf
   if (abs < 0x38800000u) {  // result is subnormal or zero
@@ -64,6 +68,7 @@ unsigned short float_to_half(float value) {
 }
 
 float bfloat16_to_float(unsigned short h) {
+  if ((h & 0x7FFFu) > 0x7F80u) h |= 0x40u;  // quiet, as in half_to_float
   const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
   float value;
   std::memcpy(&value, &bits, sizeof value);
@@ -84,13 +89,46 @@ struct Sum {
   template <typename T>
   static T apply(T a, T b) { return a + b; }
 };
+// Note [Min and max of floating point]
+// `b < a ? b : a` returns whichever operand comes first when they compare
+// unordered (NaN) or equal (-0 and +0), so min(a, b) and min(b, a) can differ
+// in their bits, and recursive doubling (where partners combine the same two
+// operands in opposite roles) would give ranks different results. These
+// select under a total order instead, which makes them commutative and
+// associative bit for bit, so every algorithm and every rank gives the same
+// bits: NaN propagates (like numpy's minimum and maximum) and, between NaNs,
+// the larger bit pattern wins; -0 is below +0.
+template <typename T>
+bool is_nan(T value) {
+  return value != value;
+}
+template <typename T>
+bool first_nan_wins(T a, T b) {  // both NaN
+  typename std::conditional<sizeof(T) == 8, std::uint64_t, std::uint32_t>::type x, y;
+  std::memcpy(&x, &a, sizeof a);
+  std::memcpy(&y, &b, sizeof b);
+  return x >= y;
+}
+
 struct Min {
   template <typename T>
-  static T apply(T a, T b) { return b < a ? b : a; }
+  static T apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (is_nan(a) || is_nan(b)) return !is_nan(b) || (is_nan(a) && first_nan_wins(a, b)) ? a : b;
+      if (a == b) return std::signbit(a) ? a : b;
+    }
+    return b < a ? b : a;
+  }
 };
 struct Max {
   template <typename T>
-  static T apply(T a, T b) { return a < b ? b : a; }
+  static T apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (is_nan(a) || is_nan(b)) return !is_nan(b) || (is_nan(a) && first_nan_wins(a, b)) ? a : b;
+      if (a == b) return std::signbit(a) ? b : a;
+    }
+    return a < b ? b : a;
+  }
 };
 
 struct Half {

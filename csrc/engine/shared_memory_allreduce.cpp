@@ -28,8 +28,8 @@ CallDescriptor* descriptor_slot(const SharedSegments& segments, int rank, std::u
 
 }  // namespace
 
-SharedMemoryAllreduce::SharedMemoryAllreduce(ProcessGroup& group)
-    : group_(group), segments_(group, 2 * kSlotBytes) {}
+SharedMemoryAllreduce::SharedMemoryAllreduce(ProcessGroup& group, std::size_t slot_bytes)
+    : group_(group), slot_bytes_(slot_bytes), segments_(group, 2 * slot_bytes) {}
 
 void SharedMemoryAllreduce::describe_call(const AllreduceCall& call) {
   const std::uint64_t seq = ++calls_;
@@ -58,24 +58,27 @@ void SharedMemoryAllreduce::check_same_call() {
   throw_mismatched_calls(group_, calls);
 }
 
-void SharedMemoryAllreduce::run(const AllreduceCall& call) {
-  describe_call(call);
-  const std::size_t per_round = kSlotBytes / element_size(call.dtype);
-  std::size_t offset = 0;
-  do {
-    const std::size_t length = std::min(per_round, call.count - offset);
-    run_round(call, offset, length, offset == 0);
-    offset += length;
-  } while (offset < call.count);
+void SharedMemoryAllreduce::run(const AllreduceCall& call, const Between& between, int average_divisor) {
+  group_.guarded("shared-memory allreduce", [&] {
+    describe_call(call);
+    const std::size_t per_round = slot_bytes_ / element_size(call.dtype);
+    const int divisor = average_divisor > 0 ? average_divisor : group_.size();
+    std::size_t offset = 0;
+    do {
+      const std::size_t length = std::min(per_round, call.count - offset);
+      run_round(call, offset, length, offset == 0, between, divisor);
+      offset += length;
+    } while (offset < call.count);
+  });
 }
 
 void SharedMemoryAllreduce::run_round(const AllreduceCall& call, std::size_t offset, std::size_t length,
-                                      bool first) {
+                                      bool first, const Between& between, int average_divisor) {
   const int p = group_.size();
   const int self = group_.rank();
   const std::size_t elem = element_size(call.dtype);
   const std::uint64_t round = ++rounds_;
-  const std::size_t slot_offset = (round % 2) * kSlotBytes;
+  const std::size_t slot_offset = (round % 2) * slot_bytes_;
   const char* in = static_cast<const char*>(call.in) + offset * elem;
   char* out = static_cast<char*>(call.out) + offset * elem;
   auto slot = [&](int rank) { return segments_.data(rank) + slot_offset; };
@@ -108,7 +111,8 @@ void SharedMemoryAllreduce::run_round(const AllreduceCall& call, std::size_t off
   // Reduced into the slot, not into `out`, which may alias `in`.
   char* result = slot(self) + own.offset * elem;
   reduce_many(result, inputs.data(), p, own.length, call.dtype, call.op);
-  finish_average(result, own.length, call.dtype, call.op, p);
+  if (between) between(result, own.length);
+  finish_average(result, own.length, call.dtype, call.op, average_divisor);
   std::memcpy(out + own.offset * elem, result, own.length * elem);
   segments_.notify(kReduced, round);
 
@@ -116,8 +120,7 @@ void SharedMemoryAllreduce::run_round(const AllreduceCall& call, std::size_t off
   std::vector<bool> copied(p, false);
   copied[self] = true;
   int remaining = p - 1;
-  Deadline deadline(group_.limits());
-  deadline.wait(
+  group_.wait_until(
       [&] {
         for (int c = 0; c < p; ++c) {
           if (copied[c] || segments_.peek(c, kReduced) < round) continue;

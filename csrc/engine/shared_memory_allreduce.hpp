@@ -19,10 +19,17 @@
 // before notifying STAGED, and checks everyone's after waiting for STAGED, so
 // ranks that call differently get a MismatchError instead of garbage, at no
 // extra synchronisation.
+//
+// The hierarchical allreduce (hierarchical_allreduce.hpp) runs the same rounds
+// over the ranks of one node and, between steps 3's reduction and its
+// publication, allreduces chunk r with the ranks of the same local index on
+// the other nodes (`between`): the rounds are then a node-local reduce-scatter,
+// the inter-node allreduce of each slice, and a node-local allgather.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "allreduce.hpp"
 #include "shared_segments.hpp"
@@ -33,15 +40,26 @@ class SharedMemoryAllreduce {
  public:
   static constexpr std::size_t kSlotBytes = 1 << 20;
 
-  explicit SharedMemoryAllreduce(ProcessGroup& group);
-  void run(const AllreduceCall& call);
+  // Runs on this rank's reduced chunk of a round (`count` elements, reduced
+  // in place) before the others may read it.
+  using Between = std::function<void(void* chunk, std::size_t count)>;
+
+  // Collective over `group` (on one node); two slots of `slot_bytes` each.
+  explicit SharedMemoryAllreduce(ProcessGroup& group, std::size_t slot_bytes = kSlotBytes);
+  // `between` and `average_divisor` (0: the group's size) serve the
+  // hierarchical allreduce; the plain shared-memory allreduce needs neither.
+  void run(const AllreduceCall& call, const Between& between = nullptr, int average_divisor = 0);
+  // Collective: frees the segments (Note [Closing is explicit]).
+  void close() { segments_.close(); }
 
  private:
   void describe_call(const AllreduceCall& call);
   void check_same_call();
-  void run_round(const AllreduceCall& call, std::size_t offset, std::size_t length, bool first);
+  void run_round(const AllreduceCall& call, std::size_t offset, std::size_t length, bool first,
+                 const Between& between, int average_divisor);
 
   ProcessGroup& group_;
+  std::size_t slot_bytes_;
   SharedSegments segments_;
   std::uint64_t calls_ = 0;   // calls started, all ranks alike
   std::uint64_t rounds_ = 0;  // rounds started, all ranks alike

@@ -34,11 +34,17 @@ SharedSegments::SharedSegments(ProcessGroup& group, std::size_t data_bytes)
   group.barrier();
 }
 
-SharedSegments::~SharedSegments() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && window_ != MPI_WIN_NULL) MPI_Win_free(&window_);
+void SharedSegments::close() {
+  if (window_ == MPI_WIN_NULL) return;
+  // MPI_Win_free waits for every rank without a deadline: meet under one
+  // first, so that a missing peer is a TimeoutError rather than a hang. A
+  // failed group keeps its window: peers may still write into it.
+  group_.barrier();
+  TNT_MPI(MPI_Win_free(&window_));
+  window_ = MPI_WIN_NULL;
 }
+
+SharedSegments::~SharedSegments() = default;
 
 std::atomic<std::uint64_t>* SharedSegments::flag_of(int rank, int flag) const {
   return reinterpret_cast<std::atomic<std::uint64_t>*>(bases_[rank] + 64 * flag);
@@ -62,8 +68,7 @@ void SharedSegments::wait_for_others(int flag, std::uint64_t epoch, const char* 
     return true;
   };
   if (all_there()) return;
-  Deadline deadline(group_.limits());
-  deadline.wait(all_there, what, [&] {
+  group_.wait_until(all_there, what, [&] {
     std::vector<int> behind;
     for (int r = 0; r < size; ++r) {
       if (r != self && peek(r, flag) < epoch) behind.push_back(r);

@@ -29,6 +29,10 @@ class SharedSegments {
 
   // Collective over `group`, which must be on one node.
   SharedSegments(ProcessGroup& group, std::size_t data_bytes);
+  // Frees the window: collective, so only by an explicit close (Note [Closing is explicit]).
+  void close();
+  // Leaves a window that was not closed to MPI_Finalize: freeing it waits for
+  // every peer, which a destructor run by a garbage collector must never do.
   ~SharedSegments();
   SharedSegments(const SharedSegments&) = delete;
   SharedSegments& operator=(const SharedSegments&) = delete;

@@ -16,6 +16,7 @@
 #include "engine.hpp"
 #include "errors.hpp"
 #include "fused_reducer.hpp"
+#include "quarantine.hpp"
 
 namespace py = pybind11;
 
@@ -54,6 +55,14 @@ void require_writable_like(const py::array& out, const py::array& in, const char
   }
 }
 
+// Arrays a failed collective may still write into or send from live until
+// the process ends (Note [Memory that a failed collective may still write]).
+void keep_if_failed(tnt::ProcessGroup& group, std::initializer_list<py::object> arrays) {
+  if (!group.failed()) return;
+  static auto* kept = new std::vector<py::object>();  // never destroyed, on purpose
+  for (const py::object& array : arrays) kept->push_back(array);
+}
+
 // A process group as Python sees it: the world (owned by the engine) or a sub-group.
 class Group {
  public:
@@ -72,8 +81,27 @@ class Group {
     group->allreducer_ = group->owned_allreducer_.get();
     return group;
   }
-  tnt::ProcessGroup& group() { return *group_; }
-  tnt::Allreducer& allreducer() { return *allreducer_; }
+  tnt::ProcessGroup& group() {
+    if (!group_) throw tnt::UsageError("this process group is closed");
+    return *group_;
+  }
+  tnt::Allreducer& allreducer() {
+    group();
+    return *allreducer_;
+  }
+  // Collective (Note [Closing is explicit]); the world closes at exit only.
+  void close() {
+    if (!group_) return;
+    if (!owned_group_) throw tnt::UsageError("the world group closes with the engine at exit; close sub-groups only");
+    {
+      py::gil_scoped_release release;
+      if (!owned_group_->failed()) owned_allreducer_->close();
+    }
+    owned_allreducer_.reset();
+    owned_group_.reset();
+    group_ = nullptr;
+    allreducer_ = nullptr;
+  }
 
  private:
   std::unique_ptr<tnt::ProcessGroup> owned_group_;
@@ -90,9 +118,13 @@ py::array allreduce(const py::array& input, std::optional<py::array> out, const 
   const tnt::AllreduceCall call{in.data(), result.mutable_data(), static_cast<std::size_t>(in.size()), dtype_of(in),
                                 tnt::op_from_name(op)};
   const tnt::Algorithm chosen = tnt::algorithm_from_name(algorithm);
-  {
+  tnt::Allreducer& allreducer = group.allreducer();
+  try {
     py::gil_scoped_release release;
-    group.allreducer().run(call, chosen);
+    allreducer.run(call, chosen);
+  } catch (...) {
+    keep_if_failed(allreducer.group(), {in, result});
+    throw;
   }
   return result;
 }
@@ -100,9 +132,13 @@ py::array allreduce(const py::array& input, std::optional<py::array> out, const 
 py::array broadcast(const py::array& input, int root, Group& group) {
   py::array buffer = py::array::ensure(input, py::array::c_style);
   if (!buffer.writeable()) throw tnt::UsageError("broadcast: the array must be writable");
-  {
+  tnt::ProcessGroup& process_group = group.group();
+  try {
     py::gil_scoped_release release;
-    group.group().broadcast(buffer.mutable_data(), static_cast<std::size_t>(buffer.nbytes()), root);
+    process_group.broadcast(buffer.mutable_data(), static_cast<std::size_t>(buffer.nbytes()), root);
+  } catch (...) {
+    keep_if_failed(process_group, {buffer});
+    throw;
   }
   return buffer;
 }
@@ -112,19 +148,28 @@ py::array allgather(const py::array& input, Group& group) {
   std::vector<py::ssize_t> shape{group.group().size()};
   shape.insert(shape.end(), in.shape(), in.shape() + in.ndim());
   py::array result(in.dtype(), shape);
-  {
+  tnt::ProcessGroup& process_group = group.group();
+  try {
     py::gil_scoped_release release;
-    group.group().allgather(in.data(), static_cast<std::size_t>(in.nbytes()), result.mutable_data());
+    process_group.allgather(in.data(), static_cast<std::size_t>(in.nbytes()), result.mutable_data());
+  } catch (...) {
+    keep_if_failed(process_group, {in, result});
+    throw;
   }
   return result;
 }
 
 std::vector<py::bytes> allgather_bytes(const py::bytes& data, Group& group) {
-  const std::string mine = data;
+  // Held by a shared pointer so that a failed call can keep it (Note [Memory that a failed collective may still write]).
+  auto mine = std::make_shared<std::string>(data);
   std::vector<std::vector<char>> blocks;
-  {
+  tnt::ProcessGroup& process_group = group.group();
+  try {
     py::gil_scoped_release release;
-    blocks = group.group().allgatherv(mine.data(), mine.size());
+    blocks = process_group.allgatherv(mine->data(), mine->size());
+  } catch (...) {
+    if (process_group.failed()) tnt::keep_until_exit(mine);
+    throw;
   }
   std::vector<py::bytes> result;
   for (const auto& block : blocks) result.emplace_back(block.data(), block.size());
@@ -145,32 +190,41 @@ class Reducer {
     }
     id_ = tnt::Engine::get().add_reducer(std::move(reducer));
   }
-  ~Reducer() { close(); }
-  void close() {
+  // The garbage collector's path: local only (Note [Closing is explicit]).
+  ~Reducer() {
     if (id_ && tnt::Engine::started()) {
       py::gil_scoped_release release;
       tnt::Engine::get().remove_reducer(id_);
     }
+  }
+  // Collective: every rank closes its reducer at the same point.
+  void close() {
+    if (id_ && tnt::Engine::started()) {
+      const int id = id_;
+      id_ = 0;
+      py::gil_scoped_release release;
+      tnt::Engine::get().close_reducer(id);
+    }
     id_ = 0;
   }
   int id() const { return id_; }
-  tnt::FusedReducer& get() {
+  std::shared_ptr<tnt::FusedReducer> get() {
     if (!id_) throw tnt::UsageError("this reducer is closed");
     return tnt::Engine::get().reducer(id_);
   }
   void ready(std::size_t tensor, const py::array& data) {
     const py::array in = contiguous(data);
-    tnt::FusedReducer& reducer = get();
+    std::shared_ptr<tnt::FusedReducer> reducer = get();
     py::gil_scoped_release release;
-    reducer.ready(tensor, in.data(), static_cast<std::size_t>(in.nbytes()));
+    reducer->ready(tensor, in.data(), static_cast<std::size_t>(in.nbytes()));
   }
   void wait(std::size_t tensor, py::array& out) {
     if (!out.writeable() || !(out.flags() & py::array::c_style)) {
       throw tnt::UsageError("wait: `out` must be a writable C-contiguous array");
     }
-    tnt::FusedReducer& reducer = get();
+    std::shared_ptr<tnt::FusedReducer> reducer = get();
     py::gil_scoped_release release;
-    reducer.wait(tensor, out.mutable_data(), static_cast<std::size_t>(out.nbytes()));
+    reducer->wait(tensor, out.mutable_data(), static_cast<std::size_t>(out.nbytes()));
   }
 
  private:
@@ -187,6 +241,7 @@ PYBIND11_MODULE(_engine, m) {
   py::register_exception<tnt::MismatchError>(m, "MismatchError", error.ptr());
   py::register_exception<tnt::TimeoutError>(m, "CollectiveTimeoutError", PyExc_TimeoutError);
   py::register_exception<tnt::UsageError>(m, "UsageError", PyExc_ValueError);
+  py::register_exception<tnt::GroupFailedError>(m, "GroupFailedError", error.ptr());
 
   m.def(
       "start",
@@ -215,11 +270,23 @@ PYBIND11_MODULE(_engine, m) {
     return std::string(tnt::algorithm_name(tnt::Engine::get().world_allreducer().choose(bytes)));
   });
 
+  m.def("reductions_performed", &tnt::FusedReducer::reductions_completed_in_process,
+        "bucket allreduces completed by every gradient reducer of this process, closed ones included");
+
   py::class_<Group, std::shared_ptr<Group>>(m, "Group")
       .def_static("world", &Group::world)
       .def_property_readonly("rank", [](Group& g) { return g.group().rank(); })
       .def_property_readonly("size", [](Group& g) { return g.group().size(); })
       .def_property_readonly("on_one_node", [](Group& g) { return g.group().on_one_node(); })
+      .def_property_readonly("local_rank", [](Group& g) { return g.group().local_rank(); })
+      .def_property_readonly("local_size", [](Group& g) { return g.group().local_size(); })
+      .def_property_readonly("node_count", [](Group& g) { return g.group().node_count(); })
+      .def_property_readonly("equal_ranks_per_node", [](Group& g) { return g.group().equal_ranks_per_node(); })
+      .def_property_readonly("failed", [](Group& g) { return g.group().failed(); })
+      .def_property_readonly("first_failure", [](Group& g) { return g.group().first_failure(); })
+      .def("choose_algorithm",
+           [](Group& g, std::size_t bytes) { return std::string(tnt::algorithm_name(g.allreducer().choose(bytes))); })
+      .def("close", &Group::close)
       .def("world_rank_of", [](Group& g, int rank) { return g.group().world_rank_of(rank); })
       .def("split",
            [](Group& g, int color, int key) {
@@ -250,12 +317,13 @@ PYBIND11_MODULE(_engine, m) {
       .def("ready", &Reducer::ready)
       .def("wait", &Reducer::wait)
       .def("close", &Reducer::close)
-      .def_property_readonly("bucket_count", [](Reducer& r) { return r.get().bucket_count(); })
-      .def("bucket_of", [](Reducer& r, std::size_t tensor) { return r.get().bucket_of(tensor); })
-      .def("bucket_bytes", [](Reducer& r, std::size_t bucket) { return r.get().bucket_bytes(bucket); })
+      .def_property_readonly("bucket_count", [](Reducer& r) { return r.get()->bucket_count(); })
+      .def_property_readonly("reductions_completed", [](Reducer& r) { return r.get()->reductions_completed(); })
+      .def("bucket_of", [](Reducer& r, std::size_t tensor) { return r.get()->bucket_of(tensor); })
+      .def("bucket_bytes", [](Reducer& r, std::size_t bucket) { return r.get()->bucket_bytes(bucket); })
       .def("last_step_times", [](Reducer& r) {
         std::vector<std::tuple<double, double, double>> times;
-        for (const auto& t : r.get().last_step_times()) times.emplace_back(t.queued, t.started, t.finished);
+        for (const auto& t : r.get()->last_step_times()) times.emplace_back(t.queued, t.started, t.finished);
         return times;
       });
 }
