@@ -66,6 +66,10 @@ def _add_scaling(commands):
     parser.add_argument("--data-dir", help="TFDS data directory (default: TFDS_DATA_DIR or ~/tensorflow_datasets)")
     parser.add_argument("--hostfile", help="hosts to run on, as for the tarantella launcher")
     parser.add_argument("--npernode", type=_positive_int, help="ranks per host")
+    parser.add_argument("--launch-agent", help="passed to the tarantella launcher (how mpirun reaches a host)")
+    parser.add_argument("--network-interface", help="passed to the tarantella launcher (MPI's TCP interface "
+                                                    "or subnet); with --launch-agent, a namespace cluster: "
+                                                    "python -m bench.cluster run ... $NETNS_CLUSTER_ARGS")
     parser.add_argument("--oversubscribe", action="store_true",
                         help="allow more ranks than cores on this machine (rows marked oversubscribed)")
     parser.add_argument("--simulate", action="store_true",
@@ -121,6 +125,8 @@ def _add_calibrate(commands):
     parser = commands.add_parser("calibrate", help="measure this machine's memory bandwidth (1 process) "
                                                    "for its cluster profile; -n 2: fit the allreduce")
     parser.add_argument("-n", "--devices", type=_positive_int, default=1)
+    parser.add_argument("--tcp", action="store_true", help="also the loopback TCP path (for the namespace "
+                                                            "cluster's profile)")
     parser.add_argument("--max-bytes", type=_positive_int, default=64 << 20)
 
 
@@ -159,6 +165,7 @@ def _scaling(args, argv) -> int:
         model=args.model, counts=counts, framework=args.framework, micro_batch=args.micro_batch,
         global_batch=args.global_batch, steps=args.steps, warmup_steps=args.warmup_steps,
         data=args.data, data_dir=args.data_dir, hostfile=args.hostfile, npernode=args.npernode,
+        launch_agent=args.launch_agent, network_interface=args.network_interface,
         oversubscribe=args.oversubscribe, simulate=args.simulate, cluster=args.cluster,
         model_profile=args.model_profile,
         out=args.out or f"results/{args.model}_{args.framework}", timeout_s=args.timeout,
@@ -225,7 +232,7 @@ def _validate(args, command) -> int:
 
 def _calibrate(args) -> int:
     from bench.simulate.calibrate import run_calibration
-    print(run_calibration(args.devices, args.max_bytes))
+    print(run_calibration(args.devices, args.max_bytes, args.tcp))
     return 0
 
 

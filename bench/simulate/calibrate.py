@@ -4,6 +4,10 @@
 4 ranks from the profile is out of sample (no multi-rank run informs it):
     memory   copy bandwidth of one core (one thread) and of the node (one thread per
              core, each copying its own arrays), bytes read + written per second
+    tcp      (--tcp) the kernel's TCP path between two threads of this process over the
+             loopback: half the round trip of 1 byte, and the rate of 1 MiB sends; the
+             namespace cluster's hosts talk TCP through veth links and a bridge, the same
+             kernel path plus the bridge
 The compute figures come from the 1-device model profile (profile.json); latencies of
 the shared-memory path are not measurable by one process and are stated in the profile.
 
@@ -19,7 +23,7 @@ import time
 
 import numpy as np
 
-__all__ = ["measure_memory_bandwidth", "memory_fragment", "fit_shared_memory_link", "profile_fragment",
+__all__ = ["measure_memory_bandwidth", "memory_fragment", "measure_tcp_loopback", "tcp_fragment", "fit_shared_memory_link", "profile_fragment",
            "run_calibration"]
 
 _SLOT_BYTES = 1 << 20
@@ -55,6 +59,56 @@ def memory_fragment(measured: dict) -> str:
             f"core_bandwidth_GBps = {measured['core_Bps'] / 1e9:.2f}   # 1 thread\n")
 
 
+def measure_tcp_loopback(nbytes: int = 256 << 20, pings: int = 2000) -> dict:
+    """Latency (half round trip, median) and bandwidth of TCP over the loopback, one process."""
+    import socket
+    import threading
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    for end in (client, server):
+        end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def echo(count):
+        for _ in range(count):
+            server.sendall(server.recv(1))
+
+    thread = threading.Thread(target=echo, args=(pings,))
+    thread.start()
+    trips = []
+    for _ in range(pings):
+        start = time.perf_counter()
+        client.sendall(b"x")
+        client.recv(1)
+        trips.append(time.perf_counter() - start)
+    thread.join()
+    chunk = b"\0" * (1 << 20)
+    received = [0]
+
+    def drain():
+        while received[0] < nbytes:
+            received[0] += len(server.recv(1 << 20))
+
+    thread = threading.Thread(target=drain)
+    start = time.perf_counter()
+    thread.start()
+    for _ in range(nbytes // len(chunk)):
+        client.sendall(chunk)
+    thread.join()
+    seconds = time.perf_counter() - start
+    for end in (client, server, listener):
+        end.close()
+    return {"latency_s": float(np.median(trips)) / 2, "bandwidth_Bps": nbytes / seconds, "bytes": nbytes,
+            "pings": pings}
+
+
+def tcp_fragment(measured: dict) -> str:
+    return (f"[inter_node]   # tnt-bench calibrate --tcp: loopback TCP, {measured['pings']} pings, "
+            f"{measured['bytes'] >> 20} MiB\n"
+            f"latency_us = {measured['latency_s'] * 1e6:.1f}   # half round trip, median\n"
+            f"bandwidth_GBps = {measured['bandwidth_Bps'] / 1e9:.2f}   # 1 MiB sends\n")
+
+
 def fit_shared_memory_link(sizes: list[int], times: list[float], ranks: int) -> dict:
     rows, targets = [], []
     for nbytes, seconds in zip(sizes, times):
@@ -74,10 +128,11 @@ def profile_fragment(fit: dict) -> str:
             f"[reduce]\nbandwidth_GBps = {fit['bandwidth_GBps']:.2f}\n")
 
 
-def run_calibration(devices: int, max_bytes: int) -> str:
-    """1 device: the memory probe in this process; more: the allreduce probe on `devices` ranks."""
+def run_calibration(devices: int, max_bytes: int, tcp: bool = False) -> str:
+    """1 device: the memory (and TCP) probes in this process; more: the allreduce probe on `devices` ranks."""
     if devices == 1:
-        return memory_fragment(measure_memory_bandwidth(min(max_bytes, 256 << 20)))
+        text = memory_fragment(measure_memory_bandwidth())
+        return text + ("\n" + tcp_fragment(measure_tcp_loopback()) if tcp else "")
     import subprocess
     import sys
     from bench.programs.result_line import parse_result_line

@@ -14,6 +14,8 @@ it; nothing in it is fitted to a scaling curve it is later compared with.
     cores_per_node = 48           # cpu: cores of a node, split among its ranks
     cores_per_rank = 24           # cpu, optional: a rank never uses more (pinned to a socket)
     core_speed = 1.0              # cpu: one core here / one core of the measuring machine
+    one_machine = false           # cpu: the "nodes" are namespaces of one machine, so all
+                                  # ranks share its cores_per_node cores and its memory
     [compute.models.resnet50]     # optional, wins over the measured profile: a published
     micro_batch = 128             # single-device throughput (gpu: one device; cpu: one
     examples_per_s = 432.0        # process on `cores` cores)
@@ -97,6 +99,7 @@ class ClusterProfile:
     cores_per_node: float = 0.0
     cores_per_rank: float = 0.0        # 0: no cap
     core_speed: float = 1.0
+    one_machine: bool = False
     node_memory_Bps: float = 0.0       # 0: unknown, memory not modelled
     core_memory_Bps: float = 0.0
     host_link: Link | None = None
@@ -118,6 +121,10 @@ class ClusterProfile:
 
     def ranks_on_node(self, devices: int) -> int:
         return min(devices, self.devices_per_node)
+
+    def ranks_sharing(self, devices: int) -> int:
+        """The ranks that share a node's cores and memory: its own, or all on one machine."""
+        return devices if self.one_machine else self.ranks_on_node(devices)
 
     def rank_cores(self, ranks_on_node: int) -> float:
         """cpu: the cores one rank computes on when `ranks_on_node` share the node."""
@@ -211,7 +218,7 @@ def load_cluster_profile(name_or_path: str) -> ClusterProfile:
         fusion_threshold_bytes=int(engine.get("fusion_threshold_kb", 32)) * 1024,
         overlap=bool(engine.get("overlap", True)),
         cores_per_node=cores_per_node, cores_per_rank=float(compute.get("cores_per_rank", 0.0)),
-        core_speed=float(compute.get("core_speed", 1.0)),
+        core_speed=float(compute.get("core_speed", 1.0)), one_machine=bool(compute.get("one_machine", False)),
         node_memory_Bps=float(memory.get("node_bandwidth_GBps", 0.0)) * 1e9,
         core_memory_Bps=float(memory.get("core_bandwidth_GBps", 0.0)) * 1e9,
         host_link=_link(data["host_link"], f"{path} [host_link]") if "host_link" in data else None,

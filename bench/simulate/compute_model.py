@@ -66,7 +66,7 @@ def _input_s(cluster: ClusterProfile, micro_batch: int, ranks_on_node: int, core
 def rank_compute(profile: dict, cluster: ClusterProfile, micro_batch: int, devices: int,
                  real_data: bool = False) -> RankCompute:
     """One rank's mean compute per step when `devices` ranks run on `cluster`."""
-    ranks_on_node = cluster.ranks_on_node(devices)
+    ranks_on_node = cluster.ranks_sharing(devices)
     cores = cluster.rank_cores(ranks_on_node) if cluster.kind == "cpu" else 1.0
     published = cluster.model_steps.get(profile["model"])
     if published is not None:

@@ -82,7 +82,7 @@ def straggler_cv(profile: dict, cluster: ClusterProfile) -> float:
 def _copy_s(nbytes: int, cluster: ClusterProfile, devices: int) -> float:
     if cluster.kind == "gpu" and cluster.host_link is not None:
         return cluster.host_link.time(nbytes)
-    bandwidth = cluster.rank_memory_Bps(cluster.ranks_on_node(devices))
+    bandwidth = cluster.rank_memory_Bps(cluster.ranks_sharing(devices))
     return nbytes / bandwidth if bandwidth != float("inf") else 0.0
 
 

@@ -19,6 +19,8 @@ class SweepOptions:
     data_dir: str | None = None
     hostfile: str | None = None
     npernode: int | None = None
+    launch_agent: str | None = None     # passed to the launcher (a namespace cluster's agent)
+    network_interface: str | None = None
     oversubscribe: bool = False
     simulate: bool = False
     cluster: str | None = None          # profile for --simulate, or to validate measured runs

@@ -29,6 +29,10 @@ def launch_command(options: SweepOptions, devices: int, micro_batch: int,
         command += ["--hostfile", options.hostfile]
     if options.npernode:
         command += ["--npernode", str(options.npernode)]
+    if options.launch_agent:
+        command += ["--launch-agent", options.launch_agent]
+    if options.network_interface:
+        command += ["--network-interface", options.network_interface]
     command += ["-x", "TF_CPP_MIN_LOG_LEVEL=2", "--", PROGRAM, "--model", options.model,
                 "--framework", options.framework, "--global-batch", str(micro_batch * devices),
                 "--steps", str(options.steps), "--warmup-steps", str(options.warmup_steps),

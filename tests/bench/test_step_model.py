@@ -7,7 +7,7 @@ import pytest
 from bench.simulate.allreduce_cost import allreduce_time
 from bench.simulate.cluster_profile import Link, load_cluster_profile
 from bench.simulate.compute_model import rank_compute
-from bench.simulate.step_model import predict_step, straggler_cv
+from bench.simulate.step_model import lay_out_buckets, predict_step, straggler_cv
 from bench.simulate.stragglers import expected_max_standard_normal, measured_cv, straggler_factor
 
 from bench_helpers import fake_profile
@@ -146,3 +146,30 @@ def test_efficiency_falls_with_scale_on_a_real_profile():
     efficiencies = [one / predict_step(profile, cluster, 64, n).step_s for n in (6, 24, 96)]
     assert all(e < 1.0 for e in efficiencies)
     assert efficiencies == sorted(efficiencies, reverse=True)
+
+
+def test_namespace_hosts_share_one_machine_and_talk_tcp():
+    cluster = dataclasses.replace(load_cluster_profile("netns_cluster"), straggler_cv=0.0)
+    assert cluster.devices_per_node == 1 and cluster.one_machine
+    profile = fake_profile()
+    profile["threads"] = 2
+    # two hosts of one rank each still split the machine's 2 cores
+    assert rank_compute(profile, cluster, 8, 2).step_s == pytest.approx(0.02 + 2 * 0.08)
+    two = predict_step(profile, cluster, 8, 2)
+    buckets = lay_out_buckets(profile["gradients"], cluster.fusion_threshold_bytes)
+    assert [b.nbytes for b in buckets] == [40_000] * 20
+    assert two.algorithm == "recursive_doubling"    # one rank per host, below 64 KiB: flat, over TCP
+    # one exchange step per bucket: a TCP latency, the bucket over the link, its summation
+    one = cluster.inter.latency_s + 40_000 / cluster.inter.bandwidth_Bps + 40_000 / cluster.reduce_Bps
+    assert two.communication_s == pytest.approx(20 * one)
+
+
+def test_launcher_arguments_of_a_namespace_cluster_reach_the_launcher():
+    from bench.sweep.options import SweepOptions
+    from bench.sweep.runner import launch_command
+    options = SweepOptions(model="resnet_tiny", counts=[1, 2], hostfile="/h", launch_agent="/a agent",
+                           network_interface="10.213.3.0/24")
+    command = launch_command(options, 2, 8)
+    at = command.index("--hostfile")
+    assert command[at:at + 6] == ["--hostfile", "/h", "--launch-agent", "/a agent", "--network-interface",
+                                  "10.213.3.0/24"]
