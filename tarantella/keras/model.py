@@ -30,7 +30,7 @@ import tensorflow as tf
 from tarantella import collectives, runtime
 from tarantella._repro import exact_train_step
 from tarantella._repro import hook as repro_hook
-from tarantella.data import distributed_dataset, user_input
+from tarantella.data import distributed_dataset, order_check, user_input
 from tarantella.keras import callbacks as rank_callbacks
 from tarantella.keras import metric_reduction, models, overlap, tf_steps
 from tarantella.keras.graph_allreduce import GraphAllreducer
@@ -258,6 +258,7 @@ class Model(keras.Model):
             exact_train_step.prepare(virtual_batches, self.world_size)
         # tnt-repro's recorder (only under `tnt-repro check`) runs on every rank.
         callbacks = list(rank_callbacks.callbacks_for_this_rank(callbacks) or []) + repro_hook.extra_callbacks()
+        callbacks += order_check.callbacks(train=train, test=validation)  # collective, on every rank
         self._validation_dataset = validation
         try:
             return super().fit(train, epochs=epochs, verbose=rank_callbacks.verbosity_for_this_rank(verbose),
@@ -277,7 +278,8 @@ class Model(keras.Model):
         data = self._distribute(x, y, sample_weight, batch_size=batch_size, micro_batch_size=tnt_micro_batch_size)
         self._prepare(data)
         return super().evaluate(data, verbose=rank_callbacks.verbosity_for_this_rank(verbose), steps=steps,
-                                callbacks=rank_callbacks.callbacks_for_this_rank(callbacks),
+                                callbacks=list(rank_callbacks.callbacks_for_this_rank(callbacks) or [])
+                                + order_check.callbacks(test=data),
                                 return_dict=return_dict, **kwargs)
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None, tnt_micro_batch_size=None):
@@ -286,7 +288,8 @@ class Model(keras.Model):
         self._prepare(data)
         predictions, positions = super().predict(data, verbose=rank_callbacks.verbosity_for_this_rank(verbose),
                                                  steps=steps,
-                                                 callbacks=rank_callbacks.callbacks_for_this_rank(callbacks))
+                                                 callbacks=list(rank_callbacks.callbacks_for_this_rank(callbacks) or [])
+                                                 + order_check.callbacks(predict=data))
         if self.world_size == 1:
             return predictions
         parts = collectives.allgather_object((predictions, positions))

@@ -1,0 +1,170 @@
+"""Run on N ranks: every input kind of fit/evaluate/predict against serial Keras, counting the samples each
+rank's pipeline maps; one `RESULT <json>` line per check (tests/data/test_input_multirank.py reads them)."""
+import json
+import os
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tarantella as tnt  # noqa: E402
+from tarantella.data import distributed_dataset as dd, order_check, user_input  # noqa: E402
+from tarantella.data.from_function import distribute_datasets_from_function  # noqa: E402
+
+RANK, SIZE = tnt.get_rank(), tnt.get_size()
+N, BATCH, EPOCHS = 96, 12, 2
+
+
+def report(check, **values):
+    print("RESULT " + json.dumps({"check": check, "rank": RANK, "size": SIZE, **values}), flush=True)
+
+
+def relative_difference(a, b):
+    return max(float(np.max(np.abs(x - y)) / max(np.max(np.abs(x)), 1e-12)) for x, y in zip(a, b))
+
+
+def features(i):
+    """Sample i, computed (the 'decode' step): 8 features and a class."""
+    x = tf.sin(tf.cast(i, tf.float32) * tf.range(1.0, 9.0) * 0.37)
+    return x, i % 3
+
+
+def counted(counter):
+    def decode(i):
+        counter.assign_add(1)
+        return features(i)
+    return decode
+
+
+def model_pair():
+    models = []
+    for wrap in (lambda m: m, tnt.Model):
+        keras.utils.set_random_seed(5)
+        model = wrap(keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                       keras.layers.Dense(3)]))
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.5),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
+                      jit_compile=False)
+        models.append(model)
+    return models
+
+
+def fit_both(make_input, **fit_args):
+    """Train serial Keras and tnt.Model on the same input; the weights' distance and each one's map count."""
+    serial, distributed = model_pair()
+    counter = tf.Variable(0, dtype=tf.int64)
+    serial.fit(make_input(counter, serial=True), epochs=EPOCHS, verbose=0, **fit_args.get("serial", {}))
+    serial_count = int(counter.numpy())
+    counter.assign(0)
+    distributed.fit(make_input(counter, serial=False), epochs=EPOCHS, verbose=0, **fit_args.get("distributed", {}))
+    return serial, distributed, dict(weights=relative_difference(serial.get_weights(), distributed.get_weights()),
+                                     serial_maps=serial_count, rank_maps=int(counter.numpy()))
+
+
+# 1. Batched tf.data: seeded shuffle, parallel deterministic map, batch, prefetch.
+def batched(counter, serial):
+    return tf.data.Dataset.range(N).shuffle(N, seed=7).map(counted(counter), num_parallel_calls=2,
+                                                           deterministic=True).batch(BATCH).prefetch(2)
+
+
+serial, distributed, values = fit_both(batched)
+# The same pipeline keeping the sample ids: the ranks' micro-batches side by side are serial's batches.
+counter = tf.Variable(0, dtype=tf.int64)
+identified = tf.data.Dataset.range(N).shuffle(N, seed=7).map(lambda i: (i, counter.assign_add(1)),
+                                                             num_parallel_calls=2, deterministic=True).batch(BATCH)
+mine = [element[dd.DATA][0].numpy() for element in user_input.distribute(identified, size=SIZE, rank=RANK)]
+serial_ids = [batch[0].numpy() for batch in identified]
+check_counter = tf.Variable(0, dtype=tf.int64)
+report("batched_dataset", **values, stream_maps=int(counter.numpy()) - N,
+       batches_match=len(mine) == len(serial_ids) and all(
+           np.array_equal(np.concatenate(tnt.allgather_object(part)), ids) for part, ids in zip(mine, serial_ids)),
+       evaluate=[float(v) for v in distributed.evaluate(batched(check_counter, False), verbose=0)],
+       serial_evaluate=[float(v) for v in serial.evaluate(batched(check_counter, True), verbose=0)],
+       predict=float(np.max(np.abs(distributed.predict(batched(check_counter, False), verbose=0)
+                                   - serial.predict(batched(check_counter, True), verbose=0)))))
+
+
+# 2. Unbatched tf.data + tnt_micro_batch_size (serial: batch of micro * ranks).
+def unbatched(counter, serial):
+    samples = tf.data.Dataset.range(N).map(counted(counter))
+    return samples.batch(3 * SIZE) if serial else samples
+
+
+_, _, values = fit_both(unbatched, distributed={"tnt_micro_batch_size": 3})
+report("unbatched_micro_batches", **values)
+
+
+# 3. keras.utils.PyDataset: every rank builds the global batch (its unit), training equal to serial.
+class Batches(keras.utils.PyDataset):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __len__(self):
+        return N // BATCH
+
+    def __getitem__(self, index):
+        self.calls += 1
+        i = np.arange(index * BATCH, (index + 1) * BATCH)
+        x, y = features(tf.constant(i[:, None]))
+        return x.numpy().reshape(BATCH, 8), y.numpy().reshape(BATCH)
+
+
+serial, distributed = model_pair()
+serial.fit(Batches(), epochs=EPOCHS, shuffle=False, verbose=0)
+batches = Batches()
+distributed.fit(batches, epochs=EPOCHS, shuffle=False, verbose=0)
+report("py_dataset", weights=relative_difference(serial.get_weights(), distributed.get_weights()),
+       calls=batches.calls)
+
+
+# 4. A Python generator of batches (consumed once; one epoch).
+def generator():
+    for index in range(N // BATCH):
+        i = np.arange(index * BATCH, (index + 1) * BATCH)
+        x, y = features(tf.constant(i[:, None]))
+        yield x.numpy().reshape(BATCH, 8), y.numpy().reshape(BATCH)
+
+
+serial, distributed = model_pair()
+serial.fit(generator(), epochs=1, verbose=0)
+distributed.fit(generator(), epochs=1, verbose=0)
+report("generator", weights=relative_difference(serial.get_weights(), distributed.get_weights()))
+
+
+# 5. The function form: each rank shards the samples itself (not serial's batches, by the user's choice).
+def dataset_fn(context):
+    per_rank = context.get_per_replica_batch_size(BATCH)
+    return tf.data.Dataset.range(N).shard(context.num_input_pipelines, context.input_pipeline_id).map(
+        lambda i: (i, i % 3)).batch(per_rank, drop_remainder=True)
+
+
+stream = distribute_datasets_from_function(dataset_fn)
+mine = np.concatenate([element[dd.DATA][0].numpy() for element in stream])
+everyone = np.concatenate(tnt.allgather_object(mine))
+_, distributed = model_pair()
+history = distributed.fit(distribute_datasets_from_function(
+    lambda c: dataset_fn(c).map(lambda i, y: (features(i[:, None])[0], y))), epochs=EPOCHS, verbose=0)
+report("from_function", samples=len(mine), all_once=sorted(everyone.tolist()) == list(range(N)),
+       loss_finite=bool(np.isfinite(history.history["loss"]).all()))
+
+# 6. Order mismatch between ranks: a per-rank shuffle seed, and a generator with a per-rank order.
+if SIZE > 1:
+    for kind, make in (
+            ("per_rank_seed", lambda: tf.data.Dataset.range(N).shuffle(N, seed=100 + RANK).map(features).batch(BATCH)),
+            ("per_rank_generator", lambda: (batch for batch in list(generator())[RANK:] + list(generator())[:RANK]))):
+        _, distributed = model_pair()
+        try:
+            distributed.fit(make(), epochs=1, verbose=0)
+            report("order_mismatch_" + kind, raised=False, message="")
+        except order_check.OrderMismatchError as error:
+            report("order_mismatch_" + kind, raised=True, message=str(error))
+    try:
+        distributed = model_pair()[1]
+        tf.random.set_seed(None)  # model_pair seeded TensorFlow: a global seed makes an op-seedless shuffle seeded
+        distributed.fit(tf.data.Dataset.range(N).shuffle(N).map(features).batch(BATCH), verbose=0)
+        report("unseeded_shuffle", raised=False, message="")
+    except ValueError as error:
+        report("unseeded_shuffle", raised=True, message=str(error))

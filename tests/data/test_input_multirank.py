@@ -1,0 +1,61 @@
+"""Every input kind on 1 and 2 ranks through the launcher (programs/input_kinds.py runs all checks in one launch):
+training equal to serial Keras, each rank's pipeline mapping about 1/N of the samples, the order-mismatch errors."""
+import json
+import os
+
+import pytest
+
+from tests.multirank import run_ranks
+
+PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs", "input_kinds.py")
+TOLERANCE = 1e-5  # as tests/keras/test_data_parallel.py
+TIMEOUT = 400
+N, BATCH, EPOCHS = 96, 12, 2  # as in the program
+
+
+def results(run, n):
+    by_check = {}
+    for rank, text in run.rank_stdout.items():
+        for line in text.splitlines():
+            if line.startswith("RESULT "):
+                values = json.loads(line[len("RESULT "):])
+                assert values["rank"] == rank and values["size"] == n
+                by_check.setdefault(values["check"], {})[rank] = values
+    for check, per_rank in by_check.items():
+        assert sorted(per_rank) == list(range(n)), f"{check}: results from ranks {sorted(per_rank)}"
+    return by_check
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.parametrize("n", [1, 2])
+def test_every_input_kind_reads_its_share_and_trains_as_serial(n):
+    run = run_ranks(n, PROGRAM, timeout=TIMEOUT, env={"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}).check()
+    found = results(run, n)
+    for check in ("batched_dataset", "unbatched_micro_batches"):
+        for rank, values in found[check].items():
+            assert values["weights"] <= TOLERANCE, (check, rank, values)
+            # Serial maps every sample each epoch (plus what Keras pulls to build); a rank maps its share.
+            assert values["rank_maps"] <= values["serial_maps"] / n + 2 * BATCH, (check, rank, values)
+            assert values["serial_maps"] >= EPOCHS * N
+    for rank, values in found["batched_dataset"].items():
+        assert values["batches_match"]
+        assert values["stream_maps"] == N // n  # exactly this rank's samples, once
+        assert values["evaluate"] == pytest.approx(values["serial_evaluate"], rel=TOLERANCE)
+        assert values["predict"] < 1e-5
+    for values in found["py_dataset"].values():
+        assert values["weights"] <= TOLERANCE
+        assert values["calls"] >= EPOCHS * (N // BATCH)  # a PyDataset's unit is the global batch: every rank
+    for values in found["generator"].values():
+        assert values["weights"] <= TOLERANCE
+    for values in found["from_function"].values():
+        assert values["samples"] == N // n and values["all_once"] and values["loss_finite"]
+    if n > 1:
+        for kind in ("order_mismatch_per_rank_seed", "order_mismatch_per_rank_generator"):
+            for values in found[kind].values():
+                assert values["raised"] and "same seed on all ranks" in values["message"], (kind, values)
+        for values in found["unseeded_shuffle"].values():
+            assert values["raised"] and "unseeded Dataset.shuffle()" in values["message"]
+    # One warning line, on the master only, for the PyDataset and the generator inputs.
+    warned = [rank for rank, text in run.rank_stderr.items() if "yields whole global batches" in text]
+    assert warned == [0] or n == 1
