@@ -10,8 +10,8 @@ cd "$(dirname "$0")/../.."
 out=results/bench
 run() { echo "+ tnt-bench $*" >&2; python -m bench "$@"; }
 
-# 1-device profiles of the full-size models (10 steps: their spread sets the simulated stragglers,
-# which need at least 5).
+# 1-device profiles of the full-size models (10 steps, so that a profile carries its own step-time
+# spread; the HPC-DA and SuperMUC-NG profiles state the 10-step spread of resnet50_small_tnt).
 run scaling --model resnet50 --devices 1 --micro-batch 8 --steps 10 --warmup-steps 1 --no-plots \
     --out $out/resnet50_profile
 run scaling --model transformer --devices 1 --micro-batch 8 --steps 10 --warmup-steps 1 --no-plots \
