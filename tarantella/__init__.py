@@ -29,6 +29,9 @@ _LAZY = {
     "data": ("tarantella.data", None),
     "pipeline": ("tarantella.pipeline", None),
     "set_deterministic": ("tarantella.determinism", "set_deterministic"),
+    "reduce_gradients": ("tarantella.keras.custom_loop", "reduce_gradients"),
+    "distribute_dataset": ("tarantella.keras.custom_loop", "distribute_dataset"),
+    "broadcast_variables": ("tarantella.keras.custom_loop", "broadcast_variables"),
 }
 
 
@@ -51,5 +54,6 @@ __all__ = [
     "Group", "allreduce", "broadcast", "allgather", "barrier", "allgather_object", "broadcast_object",
     "MismatchError", "CollectiveTimeoutError", "EngineError",
     "Model", "ParallelStrategy", "models", "keras", "data", "pipeline", "set_deterministic",
+    "reduce_gradients", "distribute_dataset", "broadcast_variables",
     "__version__",
 ]

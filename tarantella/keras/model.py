@@ -17,9 +17,19 @@ BatchNormalization normalises each rank's micro-batch with that micro-batch's
 statistics and keeps per-rank moving statistics (the master's are saved), as in
 Horovod and the original Tarantella. Trainable weights stay identical on all ranks.
 Dropout and other random layers draw per rank.
+
+Note [A model's own training logic]
+A wrapped model that overrides train_step, test_step, predict_step,
+compute_loss or compute_metrics keeps its logic: tnt.Model runs the wrapped
+model's steps (tarantella/keras/user_steps.py) with its optimizers distributed
+(Note [Distributing through the optimizer] in distributed_optimizer.py), its
+metrics are the model's metrics, and compile() is the wrapped model's own
+(a GAN's compile(d_optimizer=..., g_optimizer=...)). Models without overrides
+take the direct path (tf_steps.py), which scales the loss instead.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -32,7 +42,9 @@ from tarantella._repro import exact_train_step
 from tarantella._repro import hook as repro_hook
 from tarantella.data import distributed_dataset, order_check, user_input
 from tarantella.keras import callbacks as rank_callbacks
-from tarantella.keras import metric_reduction, models, overlap, tf_steps
+from tarantella.keras import class_weights, distributed_optimizer, metric_reduction, models, overlap, tf_steps, \
+    user_steps
+from tarantella.keras import gradient_reduction
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras.parallel_strategy import ParallelStrategy
 
@@ -51,6 +63,10 @@ class Model(keras.Model):
         """PIPELINING and ALL give the pipelined model (tarantella.pipeline), which
         takes num_micro_batches, schedule and num_pipeline_stages."""
         if isinstance(parallel_strategy, ParallelStrategy) and ParallelStrategy.PIPELINING in parallel_strategy:
+            if isinstance(model, keras.Model) and user_steps.overridden(model):
+                raise ValueError(f"tarantella: pipelining cuts the model into stages and runs its own schedule, so "
+                                 f"{type(model).__name__}'s {', '.join(user_steps.overridden(model))} cannot be kept; "
+                                 f"use ParallelStrategy.DATA for a model with its own training logic")
             from tarantella.pipeline import make_pipelined_model
             return make_pipelined_model(model, data_parallel=parallel_strategy == ParallelStrategy.ALL,
                                         **kwargs)
@@ -74,11 +90,18 @@ class Model(keras.Model):
         self._gradient_allreducer: GraphAllreducer | None = None
         self._validation_dataset = None
         self._weights_synchronized = False
-        if model.built:
+        self._metrics_local = False
+        # Note [A model's own training logic]
+        self._own_logic = user_steps.overridden(model)
+        if model.built or self._own_logic:  # a GAN need not be callable: its parts are built
             self.built = True
+        if model.built:
             self._synchronize_weights()
         if model.compiled:
-            models.compile_like(self, model)
+            if self._own_logic:
+                self._compile_like_own_logic()
+            else:
+                models.compile_like(self, model)
 
     # --- the wrapped model ---------------------------------------------------
 
@@ -145,14 +168,30 @@ class Model(keras.Model):
 
     # --- compile -------------------------------------------------------------
 
-    def compile(self, optimizer="rmsprop", loss=None, metrics=None, jit_compile="auto", **kwargs):
-        if self.world_size > 1 and jit_compile not in (False, "auto"):
-            logger.warning("tarantella: jit_compile=%r ignored: the gradient allreduce ops are not XLA ops", jit_compile)
-        if self.world_size > 1:
-            jit_compile = False
-        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=jit_compile, **kwargs)
+    def compile(self, *args, jit_compile="auto", **kwargs):
+        """As keras.Model.compile; for a model with its own training logic, the wrapped model's compile
+        (e.g. a GAN's compile(d_optimizer, g_optimizer, loss_fn)).
+
+        jit_compile: "auto" and False mean no XLA at every rank count (so 1-rank baselines compute what
+        N ranks do); True is refused: the engine's ops are not XLA ops (README, "XLA")."""
+        _check_jit_compile(jit_compile)
+        if self._own_logic:
+            self._model.compile(*args, **kwargs)
+            self._compile_like_own_logic()
+            return
+        self._compile_direct(*args, **kwargs)
+
+    def _compile_like_own_logic(self):
+        """This model compiled for Keras's fit loop only; the steps, loss and metrics are the wrapped model's."""
+        super().compile(optimizer=self._model.optimizer or "rmsprop", jit_compile=False)
+        for optimizer in distributed_optimizer.optimizers_of(self._model):
+            distributed_optimizer.distribute_optimizer(optimizer)
+        self._close_allreducers()
+
+    def _compile_direct(self, optimizer="rmsprop", loss=None, metrics=None, **kwargs):
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False, **kwargs)
         # The wrapped model is compiled alike (sharing the optimizer) so that its saved file is complete.
-        self._model.compile(optimizer=self.optimizer, loss=loss, metrics=metrics, jit_compile=jit_compile, **kwargs)
+        self._model.compile(optimizer=self.optimizer, loss=loss, metrics=metrics, jit_compile=False, **kwargs)
         self._close_allreducers()
 
     @property
@@ -167,26 +206,40 @@ class Model(keras.Model):
 
     # --- steps ---------------------------------------------------------------
 
+    @property
+    def metrics(self):
+        """Keras's list of metrics: the wrapped model's when it has its own training logic."""
+        if getattr(self, "_own_logic", None):
+            return self._model.metrics
+        return super().metrics
+
     def train_step(self, data):
+        if self._own_logic:
+            return user_steps.train_step(self, data)
         virtual_batches = exact_train_step.virtual_batches_from_environment()
         if virtual_batches:  # tnt-repro's exact mode (Note [Exact mode] in tarantella/_repro/exact_reduction.py)
             return exact_train_step.train_step(self, data, virtual_batches)
         return tf_steps.train_step(self, data)
 
     def test_step(self, data):
+        if self._own_logic:
+            return user_steps.test_step(self, data)
         return tf_steps.test_step(self, data)
 
     def predict_step(self, data):
+        if self._own_logic:
+            return user_steps.predict_step(self, data)
         return tf_steps.predict_step(self, data)
 
     def reduce_gradients(self, gradients, variables):
         """Sum of every rank's gradients (called while tracing the train step)."""
         if self.world_size == 1:
             return gradients
-        in_backprop_order = tf_steps.dense_gradients(gradients, variables)[::-1]
-        self._gradient_allreducer = self._allreducer_for(in_backprop_order, "gradients")
-        summed = self._gradient_allreducer(in_backprop_order, overlap=self.overlap_communication)
-        return summed[::-1]
+        def allreducer_for(tensors):
+            self._gradient_allreducer = self._allreducer_for(tensors, "gradients")
+            return self._gradient_allreducer
+
+        return gradient_reduction.weighted_sum(gradients, variables, None, allreducer_for, self.overlap_communication)
 
     def communication_profile(self) -> dict | None:
         """How the last train step's gradient allreduce overlapped backprop (see tarantella.keras.overlap);
@@ -199,12 +252,21 @@ class Model(keras.Model):
 
     def get_metrics_result(self):
         """The metric values of all ranks together; a collective when called outside a step."""
-        if self.world_size == 1:
+        if self.world_size == 1 or self._metrics_local:
             return super().get_metrics_result()
         if tf.executing_eagerly():
             return metric_reduction.eager_global_results(self.metrics)
         return metric_reduction.graph_global_results(
             self.metrics, lambda tensors: self._allreducer_for(tensors, "metrics"))
+
+    @contextlib.contextmanager
+    def local_metric_results(self):
+        """Within (while tracing a step): get_metrics_result gives this rank's values, no collective."""
+        self._metrics_local = True
+        try:
+            yield
+        finally:
+            self._metrics_local = False
 
     def _allreducer_for(self, tensors, purpose: str) -> GraphAllreducer:
         """One reducer per purpose and tensor list, reused by every traced step (train, test, retraces).
@@ -233,6 +295,10 @@ class Model(keras.Model):
         if validation_split and validation_data is None:
             (x, y, sample_weight), validation_data = user_input.split_for_validation(
                 x, y, sample_weight, validation_split)
+        if class_weight and isinstance(x, tf.data.Dataset):
+            x, class_weight = class_weights.with_class_weights(x, class_weight), None
+        elif class_weight:
+            sample_weight, class_weight = class_weights.array_sample_weights(y, sample_weight, class_weight), None
         seed = collectives.broadcast_object(int(np.random.randint(2**31 - 1)) if runtime.is_master_rank() else None)
         train = self._distribute(x, y, sample_weight, batch_size=batch_size, micro_batch_size=tnt_micro_batch_size,
                                  shuffle=bool(shuffle) and not isinstance(x, tf.data.Dataset), seed=seed,
@@ -254,6 +320,10 @@ class Model(keras.Model):
                                           what="validation_batch_size")
         self._prepare(train)
         virtual_batches = exact_train_step.virtual_batches_from_environment()
+        if virtual_batches and self._own_logic:
+            raise ValueError(f"tarantella exact mode splits tnt.Model's own train step into virtual micro-batches, "
+                             f"so {type(self._model).__name__}'s own training logic cannot run in it; check this "
+                             f"model in tolerance mode (`tnt-repro check --mode tolerance`)")
         if virtual_batches:
             exact_train_step.prepare(virtual_batches, self.world_size)
         # tnt-repro's recorder (only under `tnt-repro check`) runs on every rank.
@@ -304,7 +374,11 @@ class Model(keras.Model):
 
     def _prepare(self, dataset: tf.data.Dataset) -> None:
         """Build the model (from one micro-batch) if needed, then give every rank the master's weights."""
-        if not self._model.built or not self.built:
+        if self._own_logic:
+            for optimizer in distributed_optimizer.optimizers_of(self._model):  # set after compile, perhaps
+                distributed_optimizer.distribute_optimizer(optimizer)
+        callable_model = type(self._model).call is not keras.Model.call or not self._own_logic
+        if callable_model and (not self._model.built or not self.built):
             element = next(iter(dataset.take(1)))
             x, _, _ = keras.utils.unpack_x_y_sample_weight(element[distributed_dataset.DATA])
             self(x, training=False)
@@ -320,3 +394,10 @@ class Model(keras.Model):
         root = runtime.get_master_rank()
         self._model.set_weights([collectives.broadcast(np.array(weight, copy=True), root=root)
                                  for weight in self._model.get_weights()])
+
+
+def _check_jit_compile(jit_compile) -> None:
+    if jit_compile not in (False, "auto"):
+        raise ValueError(f"tarantella: jit_compile={jit_compile!r} is not supported: the gradient allreduce "
+                         f"ops are not XLA ops; use jit_compile=False or \"auto\" (both mean no XLA, at every "
+                         f"rank count)")

@@ -11,6 +11,9 @@ loss metric is updated with the unscaled local loss weighted by n_r, and
 metric states are summed over ranks, so the logged loss is the global mean.
 Losses with reduction "sum" or "mean_with_sample_weight" break the n_r / N
 rule; tnt.Model expects the Keras default ("sum_over_batch_size").
+A model with its own training logic is distributed through its optimizer
+instead (Note [Distributing through the optimizer] in distributed_optimizer.py),
+with the same arithmetic applied to the gradients.
 """
 from __future__ import annotations
 
@@ -18,8 +21,10 @@ import keras
 import tensorflow as tf
 
 from tarantella.data import distributed_dataset
+from tarantella.keras import empty_micro_batch, metric_reduction
+from tarantella.keras.gradient_reduction import dense_gradients  # noqa: F401  (exact mode imports it from here)
 
-__all__ = ["unpack", "train_step", "test_step", "predict_step"]
+__all__ = ["unpack", "train_step", "test_step", "predict_step", "with_positions"]
 
 
 def unpack(data, size: int):
@@ -37,10 +42,15 @@ def _batch_size(x):
     return tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
 
 
+def _state_to_keep(model) -> list:
+    return list(model.non_trainable_variables) + metric_reduction.metric_variables(model.metrics)
+
+
 def train_step(model, data):
     batch, global_size, _ = unpack(data, model.world_size)
+    batch, local_size, may_be_empty = empty_micro_batch.with_placeholder(batch)  # Note [Empty micro-batches]
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-    local_size = _batch_size(x)
+    restorer = empty_micro_batch.Restorer(_state_to_keep(model), may_be_empty)
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
         loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
@@ -50,30 +60,39 @@ def train_step(model, data):
     gradients = tape.gradient(scaled, variables)
     model.optimizer.apply(model.reduce_gradients(gradients, variables), variables)
     model.loss_tracker.update_state(loss, sample_weight=local_size)
-    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    return _global_metrics(model, x, y, y_pred, sample_weight, restorer, local_size)
 
 
 def test_step(model, data):
     batch, _, _ = unpack(data, model.world_size)
+    batch, local_size, may_be_empty = empty_micro_batch.with_placeholder(batch)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+    restorer = empty_micro_batch.Restorer(_state_to_keep(model), may_be_empty)
     y_pred = model(x, training=False)
     loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
-    model.loss_tracker.update_state(loss, sample_weight=_batch_size(x))
-    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    model.loss_tracker.update_state(loss, sample_weight=local_size)
+    return _global_metrics(model, x, y, y_pred, sample_weight, restorer, local_size)
+
+
+def _global_metrics(model, x, y, y_pred, sample_weight, restorer, local_size):
+    """Update the metrics with this micro-batch, undo a placeholder's traces, then sum the state over ranks."""
+    with model.local_metric_results():
+        model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    restorer.restore_if_empty(local_size)
+    return model.get_metrics_result()
 
 
 def predict_step(model, data):
     """The predictions, and (for tarantella's own input) each one's position in the input."""
     batch, _, first_index = unpack(data, model.world_size)
+    batch, local_size, _ = empty_micro_batch.with_placeholder(batch)
     x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
-    y_pred = model(x, training=False)
+    y_pred = tf.nest.map_structure(lambda tensor: tensor[:local_size], model(x, training=False))
+    return with_positions(data, y_pred, first_index, local_size)
+
+
+def with_positions(data, y_pred, first_index, local_size):
+    """For tarantella's own input, the predictions with their positions in the input (predict reorders by them)."""
     if not distributed_dataset.is_distributed_element(data):
         return y_pred
-    positions = first_index + tf.range(tf.cast(_batch_size(x), tf.int64))
-    return y_pred, positions
-
-
-def dense_gradients(gradients, variables) -> list[tf.Tensor]:
-    """Unconnected variables get zero gradients, sparse ones (embeddings) dense ones: every rank reduces the same."""
-    return [tf.zeros_like(variable) if gradient is None else tf.convert_to_tensor(gradient)
-            for gradient, variable in zip(gradients, variables)]
+    return y_pred, first_index + tf.range(tf.cast(local_size, tf.int64))

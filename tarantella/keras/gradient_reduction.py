@@ -1,0 +1,49 @@
+"""Sum gradients over the ranks, each rank's weighted by its share of the global batch.
+
+One home for the arithmetic that every distributed path uses: tnt.Model's own
+train step (through the loss, Note [Loss of the global batch] in tf_steps.py),
+the distributed optimizer (Note [Distributing through the optimizer] in
+distributed_optimizer.py) and custom loops (tnt.reduce_gradients, custom_loop.py).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import tensorflow as tf
+
+__all__ = ["dense_gradients", "weighted_sum"]
+
+
+def dense_gradients(gradients, variables) -> list[tf.Tensor]:
+    """Every gradient as a dense tensor of its VARIABLE's static shape: unconnected variables get zeros,
+    sparse ones (embeddings) dense ones. A sparse gradient made dense has a dynamic shape (its dense_shape
+    is a tensor), which the allreducer cannot register; the variable's shape is the true one."""
+    dense = []
+    for gradient, variable in zip(gradients, variables):
+        if gradient is None:
+            dense.append(tf.zeros(variable.shape, variable.dtype))
+            continue
+        gradient = tf.convert_to_tensor(gradient)
+        if not gradient.shape.is_fully_defined() or gradient.shape != variable.shape:
+            gradient = tf.reshape(gradient, variable.shape)
+        dense.append(gradient)
+    return dense
+
+
+def weighted_sum(gradients, variables, share, allreducer_for: Callable, overlap: bool = True) -> list[tf.Tensor]:
+    """sum over ranks of share_r * gradient_r, in the order of `variables` (call while tracing).
+
+    `share` is this rank's n_r / N (a scalar tensor), or None when the gradients are already weighted.
+    Registered in backprop order (the reverse of the variables) so that buckets fill as backprop runs.
+    A rank with share 0 (no samples) contributes exact zeros even if its gradients are not finite."""
+    dense = dense_gradients(gradients, variables)
+    if share is not None:
+        dense = [_weighted(gradient, share) for gradient in dense]
+    in_backprop_order = dense[::-1]
+    summed = allreducer_for(in_backprop_order)(in_backprop_order, overlap=overlap)
+    return summed[::-1]
+
+
+def _weighted(gradient: tf.Tensor, share) -> tf.Tensor:
+    share = tf.cast(share, gradient.dtype)
+    return tf.where(share > 0, gradient * share, tf.zeros_like(gradient))

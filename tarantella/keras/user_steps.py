@@ -1,0 +1,107 @@
+"""Train/test/predict steps of a tnt.Model whose wrapped model brings its own training logic.
+
+A model that overrides `train_step`, `test_step`, `predict_step`, `compute_loss`
+or `compute_metrics` (keras.io "Customizing what happens in fit()", a GAN) keeps
+them: tnt.Model calls the wrapped model's own step on this rank's micro-batch.
+Gradients are reduced inside the optimizer (Note [Distributing through the
+optimizer] in distributed_optimizer.py), metric state is summed over the ranks
+(metric_reduction.py), and an empty micro-batch never reaches the layers
+(Note [Empty micro-batches] in empty_micro_batch.py).
+
+What the logs become: a value that is the result of one of the model's
+metrics (`model.metrics`) is the global result, from the summed state; any
+other float scalar the step returns is taken as a mean over the micro-batch and
+becomes the global batch's mean (sum over ranks of value * n_r / N).
+A metric updated without sample weights (`metric.update_state(loss)`) counts
+every rank's micro-batch once: its global value is the mean over the ranks'
+micro-batch values, serial's value when the micro-batches are equal in size.
+"""
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from tarantella.keras import empty_micro_batch, metric_reduction, tf_steps
+from tarantella.keras.distributed_optimizer import StepContext, step_context
+
+__all__ = ["OVERRIDABLE", "overridden", "train_step", "test_step", "predict_step"]
+
+OVERRIDABLE = ("train_step", "test_step", "predict_step", "compute_loss", "compute_metrics")
+
+
+def overridden(model: keras.Model) -> list[str]:
+    """The training-logic methods `model`'s class defines itself (not Keras's)."""
+    return [name for name in OVERRIDABLE
+            if getattr(type(model), name, None) is not getattr(keras.Model, name)]
+
+
+def _share(count, global_size) -> tf.Tensor:
+    return tf.cast(count, tf.float32) / tf.cast(global_size, tf.float32)
+
+
+def _state_to_keep(user: keras.Model) -> list:
+    return list(user.non_trainable_variables) + metric_reduction.metric_variables(user.metrics)
+
+
+def train_step(model, data):
+    user = model.wrapped_model
+    batch, global_size, _ = tf_steps.unpack(data, model.world_size)
+    batch, count, may_be_empty = empty_micro_batch.with_placeholder(batch)
+    share = _share(count, global_size)
+    restorer = empty_micro_batch.Restorer(_state_to_keep(user), may_be_empty)
+    context = StepContext(share=share, allreducer_for=model._allreducer_for,
+                          overlap=model.overlap_communication)
+    with step_context(context):
+        logs = user.train_step(batch)
+    if context.applies == 0:  # refused at every rank count, so a 1-rank trial already says so
+        raise ValueError(f"tarantella: {type(user).__name__}.train_step updated no variables through "
+                         f"optimizer.apply/apply_gradients, so its gradients cannot be summed over the ranks; "
+                         f"apply gradients with one of the model's optimizers (or use tnt.reduce_gradients in a "
+                         f"custom loop)")
+    model._gradient_allreducer = context.first_allreducer
+    restorer.restore_if_empty(count)
+    return global_logs(model, logs, share)
+
+
+def test_step(model, data):
+    user = model.wrapped_model
+    batch, global_size, _ = tf_steps.unpack(data, model.world_size)
+    batch, count, may_be_empty = empty_micro_batch.with_placeholder(batch)
+    restorer = empty_micro_batch.Restorer(_state_to_keep(user), may_be_empty)
+    logs = user.test_step(batch)
+    restorer.restore_if_empty(count)
+    return global_logs(model, logs, _share(count, global_size))
+
+
+def predict_step(model, data):
+    user = model.wrapped_model
+    batch, _, first_index = tf_steps.unpack(data, model.world_size)
+    run, count, _ = empty_micro_batch.with_placeholder(batch)
+    predictions = tf.nest.map_structure(lambda tensor: tensor[:count], user.predict_step(run))
+    return tf_steps.with_positions(data, predictions, first_index, count)
+
+
+def global_logs(model, logs, share):
+    """The step's logs with global values (see the module docstring); local on one rank."""
+    if model.world_size == 1 or not isinstance(logs, dict):
+        return logs
+    metrics = model.wrapped_model.metrics
+    results = metric_reduction.graph_global_results(
+        metrics, lambda tensors: model._allreducer_for(tensors, "metrics"))
+    others = [key for key, value in logs.items() if key not in results and _is_float_scalar(value)]
+    if others:
+        weighted = [tf.cast(logs[key], tf.float32) * share for key in others]
+        summed = model._allreducer_for(weighted, "logs")(weighted)
+        results.update(zip(others, summed))
+    return {key: _global_value(results, key, value) for key, value in logs.items()}
+
+
+def _global_value(results: dict, key, value):
+    """A metric's global result; a dict of results (Keras's CompileMetrics) entry by entry."""
+    if isinstance(value, dict) and key not in results:
+        return {inner: _global_value(results, inner, item) for inner, item in value.items()}
+    return results.get(key, value)
+
+
+def _is_float_scalar(value) -> bool:
+    return isinstance(value, (tf.Tensor, tf.Variable)) and value.dtype.is_floating and value.shape.rank == 0

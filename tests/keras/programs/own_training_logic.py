@@ -1,0 +1,180 @@
+"""Run on N ranks: models with their own training logic (compute_loss / train_step / test_step /
+predict_step overrides, a GAN with two optimizers on sklearn digits) trained by tnt.Model against the
+same models trained by serial Keras in this process; one `RESULT <json>` line per check.
+tests/keras/test_own_training_logic.py reads them."""
+import os
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+
+import tarantella as tnt  # noqa: E402
+from serial_comparison import RANK, SIZE, logs_difference, relative_difference, report  # noqa: E402
+
+EPOCHS = 2
+
+
+class PenalisedLoss(keras.Model):
+    """compute_loss override: the compiled loss plus a penalty on the output layer's kernel."""
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        loss = super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        return loss + 0.05 * tf.reduce_sum(tf.square(self.layers[-1].kernel))
+
+
+class CustomFit(keras.Model):
+    """keras.io "Customizing what happens in fit()": own train_step, test_step and predict_step."""
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        return self.update_metrics(loss, y, y_pred)
+
+    def test_step(self, data):
+        x, y = data
+        y_pred = self(x, training=False)
+        return self.update_metrics(self.compute_loss(y=y, y_pred=y_pred), y, y_pred)
+
+    def update_metrics(self, loss, y, y_pred):
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+    def predict_step(self, data):
+        x = data[0] if isinstance(data, tuple) else data
+        return tf.nn.softmax(self(x, training=False))
+
+
+def functional(cls, seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(16, activation="relu")(inputs)
+    return cls(inputs, keras.layers.Dense(3)(hidden))
+
+
+rng = np.random.default_rng(0)
+N = 101  # global batch 10: the last batch has 1 sample, so at 2+ ranks some micro-batches are empty
+x = rng.normal(size=(N, 8)).astype("float32")
+y = rng.integers(0, 3, size=N)
+
+
+def compile_args():
+    return dict(optimizer=keras.optimizers.Adam(1e-2),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+
+
+for check, cls in (("compute_loss", PenalisedLoss), ("train_test_predict_steps", CustomFit)):
+    serial = functional(cls, 1)
+    serial.compile(**compile_args())
+    distributed = tnt.Model(functional(cls, 1))
+    distributed.compile(**compile_args())
+    hs = serial.fit(x, y, batch_size=10, epochs=EPOCHS, shuffle=False, validation_data=(x[:33], y[:33]), verbose=0)
+    hd = distributed.fit(x, y, batch_size=10, epochs=EPOCHS, shuffle=False, validation_data=(x[:33], y[:33]),
+                         verbose=0)
+    evaluation = [serial.evaluate(x, y, batch_size=9, verbose=0), distributed.evaluate(x, y, batch_size=9, verbose=0)]
+    if cls is CustomFit:
+        # Its loss tracker is updated without sample weights (metric.update_state(loss)): each rank's
+        # micro-batch counts once, which is serial's mean only for equal micro-batches (README). Its
+        # weights, accuracy and predictions must still equal serial's.
+        for history in (hs, hd):
+            for key in ("loss", "val_loss"):
+                history.history.pop(key)
+        evaluation = [values[1:] for values in evaluation]
+    predictions = [serial.predict(x, batch_size=9, verbose=0), distributed.predict(x, batch_size=9, verbose=0)]
+    report(check, weights=relative_difference(serial.get_weights(), distributed.get_weights()),
+           logs=logs_difference(hs, hd), keys=sorted(hd.history), all_logs=hd.history,
+           evaluate=relative_difference([np.asarray(evaluation[0])], [np.asarray(evaluation[1])]),
+           predict=relative_difference([predictions[0]], [predictions[1]]),
+           predict_shape=list(predictions[1].shape))
+
+
+# A GAN on sklearn digits (keras.io "DCGAN" pattern, dense): its own compile(d_optimizer, g_optimizer,
+# loss_fn), two optimizers, Mean trackers as metrics. Each sample carries its latent vector, so the
+# generator's input is the same in serial and distributed training (random noise would differ per rank).
+LATENT = 8
+
+
+class GAN(keras.Model):
+    def __init__(self, discriminator, generator):
+        super().__init__()
+        self.discriminator, self.generator = discriminator, generator
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):
+        super().compile()
+        self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+
+    @property
+    def metrics(self):
+        return [self.d_loss_tracker, self.g_loss_tracker]
+
+    def train_step(self, data):
+        real, latent = data
+        n = tf.shape(real)[0]
+        fake = self.generator(latent)
+        images = tf.concat([fake, real], axis=0)
+        labels = tf.concat([tf.ones((n, 1)), tf.zeros((n, 1))], axis=0)
+        with tf.GradientTape() as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(images))
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        with tf.GradientTape() as tape:
+            g_loss = self.loss_fn(tf.zeros((n, 1)), self.discriminator(self.generator(latent)))
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+        self.d_loss_tracker.update_state(d_loss, sample_weight=n)
+        self.g_loss_tracker.update_state(g_loss, sample_weight=n)
+        return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
+
+
+def gan():
+    keras.utils.set_random_seed(7)
+    discriminator = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32), keras.layers.LeakyReLU(0.2),
+                                      keras.layers.Dense(1)])
+    generator = keras.Sequential([keras.Input((LATENT,)), keras.layers.Dense(32), keras.layers.LeakyReLU(0.2),
+                                  keras.layers.Dense(64, activation="sigmoid")])
+    model = GAN(discriminator, generator)
+    model.compile(d_optimizer=keras.optimizers.Adam(3e-3), g_optimizer=keras.optimizers.Adam(3e-3),
+                  loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
+    return model
+
+
+digits = (load_digits().data[:300] / 16.0).astype("float32")
+latents = np.random.default_rng(1).normal(size=(len(digits), LATENT)).astype("float32")
+dataset = tf.data.Dataset.from_tensor_slices((digits, latents)).batch(32)  # 300 = 9 * 32 + 12
+serial = gan()
+hs = serial.fit(dataset, epochs=EPOCHS, verbose=0)
+distributed = tnt.Model(gan())
+hd = distributed.fit(dataset, epochs=EPOCHS, verbose=0)
+report("gan", weights=relative_difference(serial.get_weights(), distributed.get_weights()),
+       logs=logs_difference(hs, hd), keys=sorted(hd.history), all_logs=hd.history)
+
+
+# Refused before training, with one line saying what and why: a train_step that updates its
+# variables itself (no optimizer.apply) cannot be distributed.
+class ManualUpdate(keras.Model):
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+        for variable, gradient in zip(self.trainable_variables, tape.gradient(loss, self.trainable_variables)):
+            variable.assign_sub(0.01 * gradient)
+        return {"loss": loss}
+
+
+manual = tnt.Model(functional(ManualUpdate, 3))
+manual.compile(**compile_args())
+try:
+    manual.fit(x, y, batch_size=10, epochs=1, verbose=0)
+    report("manual_update", raised=False, message="")
+except ValueError as error:
+    report("manual_update", raised=True, message=str(error).splitlines()[0])

@@ -1,0 +1,79 @@
+"""Models with their own training logic, custom loops and Keras fidelity on 1 and 2 ranks, against serial
+Keras in the same program (programs/own_training_logic.py, programs/keras_fidelity.py, examples/custom_loop.py)."""
+import os
+import re
+
+import pytest
+
+from tests.keras.test_data_parallel import ENV, PROGRAMS, results
+from tests.multirank import REPO_ROOT, run_ranks
+
+TOLERANCE = 1e-5
+TIMEOUT = 400
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.parametrize("n", [1, 2])
+def test_overridden_steps_and_gan_match_serial(n):
+    run = run_ranks(n, os.path.join(PROGRAMS, "own_training_logic.py"), timeout=TIMEOUT, env=ENV).check()
+    found = results(run, n)
+    for check in ("compute_loss", "train_test_predict_steps", "gan"):
+        for rank, values in found[check].items():
+            assert values["weights"] <= TOLERANCE, f"{check} rank {rank}: weights differ by {values['weights']}"
+            assert values["logs"] <= TOLERANCE, f"{check} rank {rank}: logs differ by {values['logs']}"
+        assert len({str(v["all_logs"]) for v in found[check].values()}) == 1, f"{check}: logs differ between ranks"
+    for check in ("compute_loss", "train_test_predict_steps"):
+        for values in found[check].values():
+            assert values["evaluate"] <= TOLERANCE and values["predict"] <= TOLERANCE
+            assert values["predict_shape"] == [101, 3]
+    assert sorted(found["gan"][0]["keys"]) == ["d_loss", "g_loss"]
+    for values in found["manual_update"].values():  # refused at every rank count, in one line
+        assert values["raised"] and "optimizer.apply" in values["message"], values
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.parametrize("n", [1, 2])
+def test_keras_io_architectures_empty_micro_batches_class_weight(n):
+    run = run_ranks(n, os.path.join(PROGRAMS, "keras_fidelity.py"), timeout=TIMEOUT, env=ENV).check()
+    found = results(run, n)
+    for check in ("text_transformer", "images_lenet", "images_batch_norm", "tabular", "class_weight_dataset"):
+        for rank, values in found[check].items():
+            assert values["finite"] and values["equal_on_ranks"], (check, rank, values)
+            assert values["predict_rows"] > 0
+            if values["serial_equal"]:
+                for key in ("weights", "logs", "evaluate", "predict"):
+                    assert values[key] <= TOLERANCE, f"{check} rank {rank}: {key} differs by {values[key]}"
+    assert all(v["finite"] and v["count"] == 2 for v in found["batch_norm_moving_stats"].values())
+    for values in found["refusals"].values():
+        assert set(values["messages"]) == {"jit_compile", "class_weight_outputs"}, values
+        assert values["lines"]["jit_compile"] == 1
+        assert "single output" in values["messages"]["class_weight_outputs"]
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [1, 2])
+def test_custom_loop_example_matches_serial(n):
+    run = run_ranks(n, os.path.join(REPO_ROOT, "examples", "custom_loop.py"), args=["--check"], timeout=170,
+                    env=ENV).check()
+    for rank in range(n):
+        match = re.search(r"max relative difference (\S+)", run.rank_stdout[rank])
+        assert match and float(match.group(1)) <= TOLERANCE, run.rank_stdout[rank]
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("n", [1, 2])
+def test_backup_and_restore_resume_is_bitwise_equal(n, tmp_path):
+    """The same command twice: the first run is killed (os._exit on every rank) in epoch 3, the second
+    resumes from the master's backup and must end with the uninterrupted run's weights, bit for bit."""
+    program = os.path.join(PROGRAMS, "resume.py")
+    killed = run_ranks(n, program, args=[str(tmp_path)], timeout=180, env=ENV)
+    assert killed.returncode != 0, killed.describe()
+    assert sorted(os.listdir(tmp_path / "backup")) == ["latest.weights.h5", "training_metadata.json"]
+    found = results(run_ranks(n, program, args=[str(tmp_path)], timeout=180, env=ENV).check(), n)
+    for values in found["resume"].values():
+        assert values["resumed"] and values["epochs_run"] == 2 and values["bitwise_equal"], values
+    assert not (tmp_path / "backup").exists()  # deleted at the end, by the master
