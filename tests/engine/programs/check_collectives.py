@@ -13,6 +13,8 @@ import sys
 import numpy as np
 
 import tarantella as tnt
+import exact_inputs  # beside this program
+from exact_inputs import contribution
 
 try:
     import ml_dtypes
@@ -22,30 +24,14 @@ except ImportError:  # TensorFlow brings ml_dtypes; the engine does not need it
 
 rank, size = tnt.get_rank(), tnt.get_size()
 checks = 0
-ALGORITHMS = ["auto", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "mpi"]
+ALGORITHMS = ["auto", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "hierarchical", "mpi"]
 DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int64] + ([BFLOAT16] if BFLOAT16 else [])
 BIG = (64 << 20) // 4  # 64 MiB of float32
 
 
-def contribution(length, dtype, r):
-    """Small integers: every sum is exact in every dtype, so results compare exactly."""
-    values = (np.arange(length, dtype=np.int64) * 7 + r * 3) % 11 - 5
-    return values.astype(dtype)
-
-
 @functools.lru_cache(maxsize=None)
 def expected(length, dtype, op):
-    stacked = np.stack([contribution(length, np.float64, r) for r in range(size)]) if length else np.zeros((size, 0))
-    if op == "sum":
-        result = stacked.sum(axis=0)
-    elif op == "average":
-        total = stacked.sum(axis=0)
-        result = np.trunc(total / size) if np.issubdtype(np.dtype(dtype), np.integer) else total / size
-    elif op == "min":
-        result = stacked.min(axis=0)
-    else:
-        result = stacked.max(axis=0)
-    return result.astype(dtype)
+    return exact_inputs.expected(length, dtype, op, size)
 
 
 def same_on_all_ranks(array, what):

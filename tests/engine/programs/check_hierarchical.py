@@ -1,13 +1,19 @@
 """Allreduce across hosts (a namespace cluster): every algorithm, the hierarchical
 one included, against numpy; bitwise equal on all ranks and across runs.
 
-    check_hierarchical.py hierarchical|flat   (what `auto` must pick: 2 x 2 hierarchical, 3 + 1 flat)
+    check_hierarchical.py hierarchical|flat [LINK_DEVICES COUNTERS_PID]
+        (what `auto` must pick: 2 x 2 hierarchical, 3 + 1 flat)
 
 Checks the engine's view of the nodes, what `auto` picks (Note [Choosing an
 algorithm]), exact results for small integers in every dtype and op (lengths
 that leave slices empty, uneven, and a message of several shared-memory rounds),
 bitwise agreement for random float32 data (where the summation order matters),
-and the fused reducer. Prints "CHECKED <n>" when all passed.
+and the fused reducer. Given the root-namespace ends of the hosts' links (and a
+process in the root namespace to read their counters through), it also checks
+that (with equal ranks per host) the hierarchical allreduce and Rabenseifner
+(Note [Rabenseifner's exchange order]) send no more than the bandwidth-optimal 2(H-1)/H x size over each
+host's link, plus 10 % for headers (bytes, not times: the load cannot change them).
+Prints "CHECKED <n>" when all passed.
 """
 import hashlib
 import sys
@@ -15,6 +21,8 @@ import sys
 import numpy as np
 
 import tarantella as tnt
+import exact_inputs  # beside this program
+from exact_inputs import contribution
 
 rank, size = tnt.get_rank(), tnt.get_size()
 world = tnt.Group.world()._handle
@@ -52,21 +60,8 @@ DTYPES = [np.float32, np.float64, np.float16, np.int32]
 LENGTHS = [0, 1, 3, 1009, 3 * (1 << 20) + 5]
 
 
-def contribution(length, dtype, r):
-    """Small integers: every sum is exact in every dtype, so results compare exactly."""
-    return ((np.arange(length, dtype=np.int64) * 7 + r * 3) % 11 - 5).astype(dtype)
-
-
 def expected(length, dtype, op):
-    stacked = np.stack([contribution(length, np.float64, r) for r in range(size)]) if length else np.zeros((size, 0))
-    if op == "sum":
-        result = stacked.sum(axis=0)
-    elif op == "average":
-        total = stacked.sum(axis=0)
-        result = np.trunc(total / size) if np.issubdtype(np.dtype(dtype), np.integer) else total / size
-    else:
-        result = getattr(stacked, op)(axis=0)
-    return result.astype(dtype)
+    return exact_inputs.expected(length, dtype, op, size)
 
 
 for algorithm in ALGORITHMS:
@@ -92,6 +87,22 @@ for algorithm in ALGORITHMS:
         same_everywhere(first, f"{algorithm} random float32[{length}]")
         reference = np.sum(np.stack(tnt.allgather(data)).astype(np.float64), axis=0)
         check(np.allclose(first, reference, rtol=1e-4, atol=1e-4), f"{algorithm} {length}: wrong sum")
+
+if len(sys.argv) > 2:
+    from bench.allreduce.rank_program import LinkCounters
+    counters = LinkCounters(sys.argv[2].split(","), int(sys.argv[3]))
+    hosts, nbytes = world.node_count, 8 << 20
+    data = np.ones(nbytes // 4, np.float32)
+    for algorithm in ("hierarchical", "rabenseifner", "ring"):
+        sent = counters.per_call(lambda: tnt.allreduce(data, algorithm=algorithm))
+        if rank == 0:
+            ratio = float(sent.max()) / (2 * (hosts - 1) / hosts * nbytes)
+            print(f"LINK {algorithm} {ratio:.3f} x minimum", flush=True)
+            # The ring crosses the network on 2 of its 4 hops (1.5 x); with unequal ranks per host no
+            # algorithm can reach the minimum on the lone rank's link.
+            if algorithm != "ring" and expected_kind == "hierarchical":
+                # (not counted by check(): only rank 0 reads the counters)
+                assert ratio < 1.10, f"{algorithm} sent {ratio:.2f} x the minimum over a host's link"
 
 # The fused reducer, as training uses it (auto: hierarchical for 2 x 2).
 from tarantella import _engine  # noqa: E402
