@@ -9,7 +9,7 @@ from tarantella.runtime import (init, is_initialized, get_rank, get_size, get_ma
                                 is_master_rank, shutdown)
 from tarantella.collectives import (Group, allreduce, broadcast, allgather, barrier,
                                     allgather_object, broadcast_object)
-from tarantella.errors import MismatchError, CollectiveTimeoutError, EngineError
+from tarantella.errors import MismatchError, CollectiveTimeoutError, EngineError, GroupFailedError
 
 __version__ = "0.1.0"
 
@@ -52,7 +52,7 @@ def __dir__():
 __all__ = [
     "init", "is_initialized", "get_rank", "get_size", "get_master_rank", "is_master_rank", "shutdown",
     "Group", "allreduce", "broadcast", "allgather", "barrier", "allgather_object", "broadcast_object",
-    "MismatchError", "CollectiveTimeoutError", "EngineError",
+    "MismatchError", "CollectiveTimeoutError", "EngineError", "GroupFailedError",
     "Model", "ParallelStrategy", "models", "keras", "data", "pipeline", "set_deterministic",
     "reduce_gradients", "distribute_dataset", "broadcast_variables",
     "__version__",
