@@ -94,12 +94,17 @@ Output
 Failures and exit codes
   The first rank whose program fails (non-zero exit code, or killed by a signal)
   ends the job: the MPI stops the other ranks at once, and if the job still runs
-  10 s later the launcher stops it. The report names that rank first: rank, host,
-  exit code or signal, and the last lines of its stderr. tarantella exits with that
-  rank's exit code (128 + N for a rank killed by signal N), 0 when all ranks
-  succeed, and 2 for a launch that cannot start: bad options, a missing or empty
-  hostfile, no program, no mpirun, no numactl for pinning, more pinned ranks per
-  host than sockets. Ctrl-C or SIGTERM stop the job.
+  4 s later the launcher stops it (SIGTERM to mpirun, SIGKILL 2 s later). The
+  report's first line names that rank, its host, how it ended and its last
+  exception line; then its last lines of stderr. A rank that hangs (stopped, or on
+  a host whose network is gone) is found by the others' collectives after
+  --timeout; they fail and end the job. tarantella exits with the failed rank's
+  exit code (128 + N for a rank killed by signal N), 0 when all ranks succeed,
+  and 2 for a launch that cannot start: bad options, a missing or empty hostfile,
+  no program, no mpirun, no numactl for pinning, more pinned ranks per host than
+  sockets, and ranks that could not be started on some host (mpirun ended, or not
+  every rank started within --launch-timeout): one line naming the host.
+  Ctrl-C or SIGTERM stop the job.
 
 Mechanics
   The launcher runs `mpirun` found next to its Python interpreter, else on PATH

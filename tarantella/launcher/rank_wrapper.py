@@ -43,7 +43,7 @@ Note [Which output is shown]
 Note [Exit records]
   One line on the wrapper's stderr: EXIT_RECORD_MARKER followed by a JSON object
   (rank, size, local_rank, host, pid, exit_code, signal, cause, command,
-  stderr_tail, stderr_shown). It travels the way all rank output travels (mpirun,
+  stderr_tail, stderr_shown, end_time: when the program ended, wall clock). It travels the way all rank output travels (mpirun,
   srun and MPICH's hydra all forward stderr to the launcher), so it needs no shared
   file system between hosts. It is written in a single write, after the program's
   own output, and only when the program ended with a non-zero code or a signal.
@@ -330,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, stop.handle)
     parent = os.getppid()
 
+    ended_at: list[float] = []  # when the program ended (wall clock, for the root cause)
+
     def finish(exit_code: int, signum: int | None, command: list[str]) -> int:
         if exit_code != 0:
             cause = "stopped" if stop.stopping_signal is not None else "failed"
@@ -337,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
             record = {"rank": me.rank, "size": me.size, "local_rank": me.local_rank,
                       "host": host, "pid": os.getpid(), "exit_code": exit_code,
                       "signal": signum, "cause": cause, "command": command,
-                      "stderr_tail": text, "stderr_shown": show_stderr}
+                      "stderr_tail": text, "stderr_shown": show_stderr,
+                      "end_time": ended_at[0] if ended_at else time.time()}
             _write_all(2, encode_exit_record(record))
         return exit_code
 
@@ -374,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_watch_parent, args=(stop, parent), daemon=True).start()
 
     returncode = child.wait()
+    ended_at.append(time.time())
     for pump in pumps:
         pump.join(timeout=2.0)  # a grandchild may still hold the pipe open
     if returncode >= 0:

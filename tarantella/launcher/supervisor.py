@@ -7,8 +7,10 @@ How a failure is found and reported:
      cause: "failed" on its own, or "stopped" by a signal from outside).
   2. The MPI forwards that line with the rest of the ranks' stderr to this
      process, which reads mpirun's stderr, takes the records out, and passes every
-     other byte through unchanged. The first record with cause "failed" to arrive
-     is the root cause; a line is printed at once naming it.
+     other byte through unchanged. When the first record with cause "failed"
+     arrives, a line is printed at once naming it. The root cause in the final
+     report is the failed rank whose program ended first (records carry the time),
+     which is not always the first record to arrive.
   3. Open MPI, MPICH and srun (--kill-on-bad-exit=1) end the whole job when one
      rank exits non-zero. If the job is still running GRACE_SECONDS after the
      root cause arrived, the supervisor stops it: SIGTERM to mpirun, SIGKILL
@@ -37,10 +39,10 @@ from .launch_check import LAUNCH_FAILED, LaunchProgress
 from .rank_wrapper import (EXIT_RECORD_MARKER, START_RECORD_MARKER, decode_exit_record,
                            decode_start_record)
 
-__all__ = ["run_job", "describe_end", "failure_report", "GRACE_SECONDS"]
+__all__ = ["run_job", "describe_end", "failure_report", "root_cause", "GRACE_SECONDS"]
 
-GRACE_SECONDS = 10.0
-KILL_AFTER_SECONDS = 5.0
+GRACE_SECONDS = 4.0       # the MPI usually ends the job within a second of a failure
+KILL_AFTER_SECONDS = 2.0
 _MARKER = EXIT_RECORD_MARKER.encode()
 _START_MARKER = START_RECORD_MARKER.encode()
 _LISTED = 8
@@ -75,6 +77,16 @@ def exception_summary(stderr_tail: str | None) -> str | None:
             text = match.group(1)
             return text if len(text) <= _CAUSE_CHARS else text[:_CAUSE_CHARS - 3] + "..."
     return None
+
+
+def root_cause(records: list[dict]) -> dict | None:
+    """The failed rank whose program ended first. Not simply the first record to
+    arrive: a rank killed from outside and its peer that lost it both fail within
+    milliseconds, and the peer's record may travel faster (Note [Exit records])."""
+    failed = [record for record in records if record.get("cause") == "failed"]
+    if not failed:
+        return None
+    return min(failed, key=lambda record: record.get("end_time", float("inf")))
 
 
 def failure_report(first: dict, records: list[dict]) -> str:
@@ -321,12 +333,14 @@ def run_job(argv: list[str], *, env: dict | None = None, grace_seconds: float = 
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    watcher.join(timeout=5.0)
+    # Orphans (a daemon on a host mpirun could not reach) may hold the pipes open:
+    # wait for the last output only briefly once the launcher had to stop mpirun.
+    watcher.join(timeout=0.5 if forced or launch_timed_out else 5.0)
     if stdout_pump is not None:
-        stdout_pump.join(timeout=5.0)
+        stdout_pump.join(timeout=0.5 if forced or launch_timed_out else 5.0)
 
     returncode = process.returncode if process.returncode >= 0 else 128 - process.returncode
-    first = watcher.first_failure
+    first = root_cause(watcher.records) or watcher.first_failure
     if launch is not None and first is None and not interrupted and not launch.complete and \
             (launch_timed_out or returncode != 0):
         if verbose:

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from tarantella.launcher.rank_wrapper import encode_exit_record
-from tarantella.launcher.supervisor import failure_report, run_job
+from tarantella.launcher.supervisor import failure_report, root_cause, run_job
 
 FAILED = {"rank": 2, "size": 4, "local_rank": 0, "host": "node7", "pid": 99, "exit_code": 3,
           "signal": None, "cause": "failed", "command": ["python", "train.py"],
@@ -72,3 +72,11 @@ def test_a_failure_without_a_record_keeps_the_job_exit_code(capfd):
     assert run_job([sys.executable, "-c", "import sys; sys.exit(5)"]) == 5
     assert "no rank reported a failure" in capfd.readouterr().err
     assert run_job([sys.executable, "-c", "pass"]) == 0
+
+
+def test_root_cause_is_the_rank_that_ended_first_not_the_first_record():
+    peer = dict(FAILED, rank=0, exit_code=14, end_time=100.2)
+    killed = dict(FAILED, rank=1, exit_code=137, signal=9, end_time=100.0)
+    stopped = dict(FAILED, rank=2, cause="stopped", end_time=99.0)
+    assert root_cause([peer, killed, stopped]) is killed
+    assert root_cause([stopped]) is None
