@@ -37,7 +37,8 @@ def make_pipelined_model(model, *, num_micro_batches: int | None = None, schedul
 
 def load_model(filepath, *, num_micro_batches: int | None = None, schedule: str = "1f1b", num_pipeline_stages: int | None = None,
                data_parallel: bool = False, custom_objects=None, compile: bool = True, **kwargs):
-    """Every rank loads the `.keras` file written by PipelinedModel.save (or any Keras) and pipelines it."""
+    """Every rank loads the `.keras` file written by PipelinedModel.save (or any Keras) and pipelines it,
+    keeping its stage's weights and optimizer state: training resumes where the saved run stopped."""
     import keras
     whole = keras.saving.load_model(filepath, custom_objects=custom_objects, compile=compile)
     model = make_pipelined_model(whole, num_micro_batches=num_micro_batches, schedule=schedule,
@@ -45,8 +46,11 @@ def load_model(filepath, *, num_micro_batches: int | None = None, schedule: str 
     if compile and whole.compiled:
         config = whole.get_compile_config() or {}
         metrics = config.get("metrics")
-        model.compile(optimizer=whole.optimizer, loss=whole.loss,
+        loaded = whole.optimizer      # built by Keras with the file's state for the whole model
+        model.compile(optimizer=loaded.__class__.from_config(loaded.get_config()), loss=whole.loss,
                       metrics=keras.saving.deserialize_keras_object(metrics) if metrics else None)
+        if loaded.built:
+            model.adopt_optimizer_state(loaded)   # this stage's slots only (scatter on load)
     return model
 
 

@@ -87,8 +87,9 @@ class MicroBatchData:
 class _Forward:
     """What a forward pass leaves for its backward pass."""
 
-    def __init__(self, tape, received, outputs, loss):
+    def __init__(self, tape, received, outputs, loss, penalty):
         self.tape, self.received, self.outputs, self.loss = tape, received, outputs, loss
+        self.penalty = penalty      # earlier stages: the scaled share of their layers' losses (or None)
 
 
 class StageStep:
@@ -131,14 +132,19 @@ class StageStep:
 
     # --- the schedule -----------------------------------------------------------------
 
-    def build(self, passes: list[Pass], data: MicroBatchData, start, last_stage_loss, training: bool):
+    def build(self, passes: list[Pass], data: MicroBatchData, start, last_stage_loss, training: bool,
+              scale_penalty=None):
         """Traced: the ops of `passes` (Note [The schedule inside one graph]). `start` is an int32
         scalar argument of the tf.function (a receive must not depend on constants only, or graph
         optimisation could run it). last_stage_loss(m, y_pred_flat, y_m, sample_weight_m, n_m):
         the last stage's scaled loss of micro-batch m (None when not training).
+        scale_penalty(m, value): an earlier stage's scaled share of its layers' losses (add_loss,
+        regularizers) in micro-batch m; the last stage's are part of its loss (Keras's compute_loss).
 
         Returns (predictions {m: flat y_pred} on the last stage, summed gradients (None where a
-        variable got none), send tokens, pass times [passes, 2])."""
+        variable got none), send tokens, pass times [passes, 2], the earlier stage's layer losses
+        summed over the micro-batches weighted by their sizes (a float32 scalar; 0 on the last stage))."""
+        self._penalties = []
         variables = self.model.trainable_variables
         gradients = [None] * len(variables)
         received, live, predictions, tokens, times = {}, {}, {}, [], []
@@ -160,7 +166,8 @@ class StageStep:
                 arrived = {e: tf.identity(t) for e, t in arrived.items()}
             m = p.micro_batch
             if p.kind == FORWARD:
-                live[m], sends, y_pred, done = self._forward(m, arrived, data, began, last_stage_loss, training)
+                live[m], sends, y_pred, done = self._forward(m, arrived, data, began, last_stage_loss, training,
+                                                             scale_penalty)
                 if y_pred is not None:
                     predictions[m] = y_pred
             else:
@@ -169,9 +176,11 @@ class StageStep:
             with tf.control_dependencies(done):
                 times.append(tf.stack([began, tf.timestamp()]))
             previous = done
-        return predictions, gradients, tokens, tf.stack(times) if times else tf.zeros((0, 2), tf.float64)
+        penalty = tf.add_n(self._penalties) if self._penalties else tf.constant(0.0)
+        return (predictions, gradients, tokens, tf.stack(times) if times else tf.zeros((0, 2), tf.float64),
+                penalty)
 
-    def _forward(self, m, arrived, data, began, last_stage_loss, training):
+    def _forward(self, m, arrived, data, began, last_stage_loss, training, scale_penalty):
         if self.placement.is_first_stage:
             with tf.control_dependencies([began]):
                 inputs = [tf.identity(t) for t in data.cut(data.inputs, m)]
@@ -183,7 +192,11 @@ class StageStep:
             tape.watch([t for e, t in arrived.items() if self.partition.edges[e].differentiable])
         try:
             outputs = [tf.convert_to_tensor(o) for o in keras.tree.flatten(self.model(inputs, training=training))]
-            loss, y_pred = None, None
+            loss, y_pred, penalty = None, None, None
+            if not self.placement.is_last_stage and self.model.losses:
+                value = tf.add_n([tf.cast(l, tf.float32) for l in self.model.losses])
+                self._penalties.append(value * data.sizes[m])
+                penalty = scale_penalty(m, value) if training else None
             if self.placement.is_last_stage:
                 y_pred = [outputs[i] if kind == "computed" else arrived[i] for kind, i in self.plan.model_outputs]
                 loss = last_stage_loss(m, y_pred, data.cut(data.targets, m), data.cut(data.sample_weight, m),
@@ -195,8 +208,8 @@ class StageStep:
         for output, edges in zip(outputs, self.plan.output_edges):
             for e in edges:
                 sends.append(self._send(output, self.partition.edges[e].target, self._tag(m, e, False)))
-        done = outputs + ([loss] if loss is not None else [])
-        return (_Forward(tape, arrived, outputs, loss) if training else None), sends, y_pred, done
+        done = outputs + [t for t in (loss, penalty) if t is not None]
+        return (_Forward(tape, arrived, outputs, loss, penalty) if training else None), sends, y_pred, done
 
     def _backward(self, m, state: _Forward, arrived, began, variables, gradients):
         if self.placement.is_last_stage:
@@ -210,6 +223,10 @@ class StageStep:
                 if grads:
                     targets.append(output)
                     output_gradients.append(tf.add_n(grads) if len(grads) > 1 else grads[0])
+            if state.penalty is not None:
+                with tf.control_dependencies([began]):
+                    targets.append(state.penalty)
+                    output_gradients.append(tf.ones_like(state.penalty))
         sources = [e for e in state.received if self.partition.edges[e].differentiable]
         results = state.tape.gradient(targets, [state.received[e] for e in sources] + list(variables),
                                       output_gradients=output_gradients,

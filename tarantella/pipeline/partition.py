@@ -94,6 +94,7 @@ def graph_of(model: keras.Model) -> Graph:
     except (AttributeError, ValueError) as error:
         raise TypeError("tarantella: pipelining needs a functional Keras model with defined inputs "
                         f"(keras.Model(inputs, outputs) or a built Sequential): {error}") from None
+    _check_no_shared_layers(model)
     operations, inputs_of, outputs_of, tensors = [], [], [], {}
     for operation in model.operations:
         try:
@@ -104,12 +105,46 @@ def graph_of(model: keras.Model) -> Graph:
                              f"(a shared layer); pipelining does not support shared layers yet") from None
         if isinstance(operation, SplitLayer):
             check_single_tensor(operation.name, operation.input)
+        _check_no_nested_split(operation)
         operations.append(operation)
         inputs_of.append([id(t) for t in consumed])
         outputs_of.append([id(t) for t in produced])
         tensors.update({id(t): t for t in consumed + produced})
     return Graph(operations, inputs_of, outputs_of, tensors,
                  [id(t) for t in keras.tree.flatten(model_input)], [id(t) for t in keras.tree.flatten(model.output)])
+
+
+def _check_no_shared_layers(model: keras.Model) -> None:
+    """The cut assigns stages per layer, so a layer called twice in the model (a shared layer) could
+    end up on both sides of a cut with one set of weights; Keras's `layer.input` would silently
+    describe only its first call. Refused before anything is built."""
+    by_depth = getattr(model, "_nodes_by_depth", None)
+    if by_depth is None:
+        calls = {id(op): len(getattr(op, "_inbound_nodes", [])) for op in model.operations}
+    else:
+        calls = {}
+        for nodes in by_depth.values():
+            for node in nodes:
+                calls[id(node.operation)] = calls.get(id(node.operation), 0) + 1
+    for operation in model.operations:
+        if calls.get(id(operation), 1) > 1 and not isinstance(operation, keras.layers.InputLayer):
+            raise ValueError(f"tarantella: the layer {operation.name!r} is called {calls[id(operation)]} times in the "
+                             f"model (a shared layer); a pipeline cuts the model by layer and cannot share one "
+                             f"layer's weights across a cut: give each call its own layer, or train without "
+                             f"pipelining")
+
+
+def _check_no_nested_split(operation) -> None:
+    """A SplitLayer inside a nested model would be silently ignored: the cut sees only the outer graph."""
+    stack = list(getattr(operation, "layers", []) if isinstance(operation, keras.Model) else [])
+    while stack:
+        layer = stack.pop()
+        if isinstance(layer, SplitLayer):
+            raise ValueError(f"tarantella: the SplitLayer {layer.name!r} is inside the nested model "
+                             f"{operation.name!r}; pipeline cuts are made only in the outer functional model: "
+                             f"put the SplitLayer in the outer model, between calls of its nested models")
+        if isinstance(layer, keras.Model):
+            stack.extend(layer.layers)
 
 
 def stages_from_split_layers(graph: Graph) -> list[int]:

@@ -10,6 +10,20 @@ micro-batch loss] in compiled_step.py). A step is one tf.function per rank:
 its stage's whole schedule with in-graph transfers, the replica allreduce and
 the optimizer update (compiled_step.py).
 
+Note [One model across the stages]
+Each stage's optimizer sees only its own gradients, but some of Keras's
+semantics are about the whole model. After the schedule, the stages of one
+replica allreduce two numbers in the step's graph: the size-weighted sum of
+their layers' losses (add_loss, regularizers; the last stage's are already in
+its loss through compute_loss, the earlier stages' are added to the logged
+loss) and the sum of squares of their (replica-summed) gradients. From the
+latter every stage computes the same global norm, so `global_clipnorm` (taken
+off the stage's optimizer at compile and applied here, unscaled under a
+LossScaleOptimizer) clips by the whole model's norm; and if any stage's
+gradients are not finite every stage's gradients are made NaN, so every
+stage's LossScaleOptimizer takes the same decision (skip the step and lower
+the scale) and their scales stay equal.
+
 Only public Keras extension points: a keras.Model subclass overriding
 train/test/predict_step, get_metrics_result, fit/evaluate/predict (to build
 global batches) and save.
@@ -29,11 +43,17 @@ from tarantella.keras import callbacks as rank_callbacks
 from tarantella.keras.metric_reduction import metric_variables, results_from_state
 from tarantella.pipeline import channels as peer_channels
 from tarantella.pipeline import data as pipeline_data
+from tarantella.pipeline import stage_state
 from tarantella.pipeline.cut import choose_stages
 from tarantella.pipeline.partition import graph_of, partition
-from tarantella.pipeline.schedules import FORWARD, Pass, schedule as make_schedule
+from tarantella.pipeline.schedules import FORWARD, Pass, check_micro_batches, schedule as make_schedule
 from tarantella.pipeline.compiled_step import MicroBatchData, StageStep
 from tarantella.pipeline.topology import place
+
+try:
+    from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
+except ImportError:  # pragma: no cover - a Keras release that moved it
+    make_class_weight_map_fn = None
 
 __all__ = ["PipelinedModel"]
 
@@ -59,10 +79,6 @@ class PipelinedModel(keras.Model):
                  name: str | None = None):
         runtime.init()
         graph = graph_of(model)
-        if model.losses:
-            raise NotImplementedError("tarantella: the model has regularization or add_loss() losses; pipelined "
-                                      "models do not support them yet (train without pipelining, or move the "
-                                      "penalty into the compiled loss)")
         size, rank = runtime.get_size(), runtime.get_rank()
         stage_of_op, num_stages = choose_stages(model, graph, num_pipeline_stages, size, data_parallel, balance_by)
         placement = place(rank, size, num_stages, data_parallel)
@@ -79,7 +95,13 @@ class PipelinedModel(keras.Model):
         self._user = _Untracked(model)
         self._check_same_partition()
         self._broadcast_initial_weights()
+        self._release_other_stages()
         self._stage_group = collectives.Group.world().split(placement.stage) if size > 1 else None
+        # The stages of this rank's replica: one decision per step for the whole model (Note [One model
+        # across the stages]).
+        self._pipeline_group = collectives.Group.world().split(placement.replica) if num_stages > 1 else None
+        self._pipeline_allreducer = None
+        self._global_clipnorm = None
         self._channels = peer_channels.open_channels() if num_stages > 1 else None
         self.runner = StageStep(self.partition, placement, self._channels)
         self._gradient_allreducer = None
@@ -110,6 +132,25 @@ class PipelinedModel(keras.Model):
                              f"(rank 0: {everyone[0]}; rank {differ[0]}: {everyone[differ[0]]}); every rank must "
                              f"build the same model with the same SplitLayers")
 
+    def _stage_variables(self, stage: int) -> list:
+        """Variables of `stage`, known on every rank: the weights of the layers the stage runs."""
+        names = set(self.partition.stages[stage].layer_names)
+        return [w for op in self._user.model.operations if op.name in names for w in getattr(op, "weights", [])]
+
+    def _owner_ranks(self) -> list[int]:
+        """Per variable of the whole model (in model.weights order): the rank of replica 0 holding it."""
+        owner = {id(v): s for s in range(self.placement.num_stages) for v in self._stage_variables(s)}
+        return [self.placement.rank_of(0, owner.get(id(v), 0)) for v in self._user.model.weights]
+
+    def _release_other_stages(self) -> None:
+        """Keep only this stage's weights (Note [Releasing a variable] in stage_state.py)."""
+        if self.placement.num_stages == 1:
+            return
+        mine = {id(v) for v in self._stage_variables(self.placement.stage)}
+        for variable in self._user.model.weights:
+            if id(variable) not in mine:
+                stage_state.release(variable)
+
     def _broadcast_initial_weights(self) -> None:
         """Collective: every rank starts from the master's weights (all ranks hold the whole model at this point)."""
         if runtime.get_size() == 1:
@@ -119,42 +160,99 @@ class PipelinedModel(keras.Model):
                            for w in model.get_weights()])
 
     def sync_weights(self) -> list[np.ndarray]:
-        """Collective: bring every stage's current weights into the whole model on every rank; returns them."""
-        model = self._user.model
-        if runtime.get_size() > 1:
-            owner = {id(v): s for s, plan in enumerate(self.partition.stages) for v in self._stage_variables(s)}
-            for variable in model.weights:
-                root = self.placement.rank_of(0, owner.get(id(variable), 0))
-                variable.assign(collectives.broadcast(np.array(variable.numpy(), copy=True), root=root))
-        return model.get_weights()
-
-    def _stage_variables(self, stage: int) -> list:
-        """Variables of `stage`, known on every rank: the weights of the layers the stage runs."""
-        names = set(self.partition.stages[stage].layer_names)
-        return [w for op in self._user.model.operations if op.name in names for w in getattr(op, "weights", [])]
+        """Collective: the whole model's current weights (every stage's), on every rank, as arrays."""
+        weights, owners, rank = self._user.model.weights, self._owner_ranks(), runtime.get_rank()
+        if runtime.get_size() == 1:
+            return [np.array(v.numpy()) for v in weights]
+        values = []
+        for variable, owner in zip(weights, owners):
+            buffer = (np.array(variable.numpy(), copy=True) if rank == owner
+                      else np.empty(tuple(variable.shape), variable.dtype))
+            values.append(collectives.broadcast(buffer, root=owner))
+        return values
 
     def get_weights(self):
         """Collective: the whole model's weights, as the unpartitioned model's get_weights()."""
         return self.sync_weights()
 
-    def save(self, filepath, overwrite=True, **kwargs):
-        """Collective: the master writes the whole model as one standard `.keras` file."""
-        self.sync_weights()
-        if runtime.is_master_rank():
-            self._user.model.save(filepath, overwrite=overwrite, **kwargs)
-        if runtime.get_size() > 1:
+    def _gather_on_master(self, with_optimizer: bool) -> list:
+        """Collective: the master's whole model (and, with_optimizer, the whole model's optimizer) get
+        every stage's current state; returns the variables given storage for it, to release after."""
+        model, master, rank = self._user.model, runtime.get_master_rank(), runtime.get_rank()
+        weights, owners = model.weights, self._owner_ranks()
+        keys = list(range(len(weights)))
+        specs = {k: (tuple(v.shape), v.dtype) for k, v in enumerate(weights)}
+        gathered = stage_state.gather_to_root({k: v.numpy() for k, v in enumerate(weights) if owners[k] == rank},
+                                              keys, specs, dict(enumerate(owners)), master, rank)
+        materialized = []
+        if rank == master:
+            for k, variable in enumerate(weights):
+                if stage_state.is_released(variable):
+                    materialized.append(variable)
+                stage_state.materialize(variable, gathered[k])
+        if with_optimizer and self.optimizer is not None:
+            materialized += self._gather_optimizer_on_master()
+        return materialized
+
+    def _gather_optimizer_on_master(self) -> list:
+        if not self.optimizer.built:
+            self.optimizer.build(self.stage_model.trainable_variables)
+        mine = stage_state.optimizer_state_by_name(self.optimizer)
+        infos = collectives.allgather_object({n: (tuple(v.shape), v.dtype) for n, v in mine.items()})
+        owner, specs = {}, {}
+        for r, info in enumerate(infos):       # replica 0's ranks come first
+            for name, spec in info.items():
+                owner.setdefault(name, r)
+                specs.setdefault(name, spec)
+        names = sorted(owner)
+        master, rank = runtime.get_master_rank(), runtime.get_rank()
+        gathered = stage_state.gather_to_root({n: v.numpy() for n, v in mine.items() if owner[n] == rank}, names,
+                                              specs, owner, master, rank)
+        if rank != master:
+            return []
+        whole = self._user.model.optimizer
+        if not whole.built:
+            whole.build(self._user.model.trainable_variables)
+        state = stage_state.optimizer_state_by_name(whole)
+        stage_state.assign_by_name(state, gathered)
+        return list(state.values())
+
+    def _save_gathered(self, write, with_optimizer: bool) -> None:
+        """Collective: the master writes the whole model with `write` (gather on save)."""
+        if runtime.get_size() == 1:
+            write()
+            return
+        materialized = self._gather_on_master(with_optimizer)
+        try:
+            if runtime.is_master_rank():
+                write()
+        finally:
+            for variable in materialized:
+                stage_state.release(variable)
             collectives.barrier()
+
+    def save(self, filepath, overwrite=True, **kwargs):
+        """Collective: the master writes the whole model, with the optimizer's state of every stage,
+        as one standard `.keras` file (tarantella.pipeline.load_model resumes from it)."""
+        self._save_gathered(lambda: self._user.model.save(filepath, overwrite=overwrite, **kwargs), True)
 
     def save_weights(self, filepath, overwrite=True, **kwargs):
-        self.sync_weights()
-        if runtime.is_master_rank():
-            self._user.model.save_weights(filepath, overwrite=overwrite, **kwargs)
-        if runtime.get_size() > 1:
-            collectives.barrier()
+        self._save_gathered(lambda: self._user.model.save_weights(filepath, overwrite=overwrite, **kwargs), False)
 
     def load_weights(self, filepath, *args, **kwargs):
-        """Every rank reads the whole model's weights (its stage shares the layer objects)."""
+        """Every rank reads the whole model's weights and keeps its stage's (scatter on load)."""
+        for variable in self._user.model.weights:
+            if stage_state.is_released(variable):
+                stage_state.materialize(variable, np.zeros(tuple(variable.shape), variable.dtype))
         self._user.model.load_weights(filepath, *args, **kwargs)
+        self._release_other_stages()
+
+    def adopt_optimizer_state(self, optimizer) -> None:
+        """Take this stage's part of a whole model's optimizer state (a loaded `.keras` file's)."""
+        if not self.optimizer.built:
+            self.optimizer.build(self.stage_model.trainable_variables)
+        stage_state.assign_by_name(stage_state.optimizer_state_by_name(self.optimizer),
+                                   stage_state.optimizer_state_by_name(optimizer))
 
     def summary(self, *args, **kwargs):
         return self._user.model.summary(*args, **kwargs)
@@ -172,6 +270,15 @@ class PipelinedModel(keras.Model):
         whole_optimizer = self.optimizer.__class__.from_config(self.optimizer.get_config())
         self._user.model.compile(optimizer=whole_optimizer, loss=loss, metrics=metrics, **kwargs)
         self._step_functions = {}
+        # Note [One model across the stages]: the norm for global_clipnorm is the whole model's.
+        clipping = self._unscaled_optimizer()
+        self._global_clipnorm = clipping.global_clipnorm if self.placement.num_stages > 1 else None
+        if self._global_clipnorm:
+            clipping.global_clipnorm = None
+
+    def _unscaled_optimizer(self):
+        """The optimizer that applies the (unscaled) gradients: a LossScaleOptimizer's inner one."""
+        return getattr(self.optimizer, "inner_optimizer", self.optimizer)
 
     @property
     def loss_tracker(self) -> keras.metrics.Metric:
@@ -215,6 +322,7 @@ class PipelinedModel(keras.Model):
         """Collective over the replica's stages: one step; returns the traced function's result."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         global_size = int(tf.shape(keras.tree.flatten(x if x is not None else y)[0])[0])
+        check_micro_batches(global_size, self.placement.num_replicas, self.num_micro_batches)
         inputs = self._flat_inputs(x) if self.placement.is_first_stage else None
         last = self.placement.is_last_stage
         if mode == "train" and not self.optimizer.built:
@@ -240,6 +348,9 @@ class PipelinedModel(keras.Model):
         sizes = tuple(b - a for a, b in pipeline_data.micro_batch_bounds(count, self.num_micro_batches))
         data = MicroBatchData(part(inputs), part(targets), part(weights), sizes)
 
+        def scale_penalty(m, value):
+            return self.optimizer.scale_loss(value * tf.cast(sizes[m] / global_size, value.dtype))
+
         def last_stage_loss(m, flat_pred, y_m, sw_m, n_m):
             if y_m is None:
                 return None
@@ -252,13 +363,16 @@ class PipelinedModel(keras.Model):
             share = tf.cast(n_m / global_size, loss.dtype)  # Note [Scaling the micro-batch loss]
             return self.optimizer.scale_loss(loss * share)
 
-        predictions, gradients, tokens, times = self.runner.build(self._passes(mode), data, start,
-                                                                  last_stage_loss, training)
+        predictions, gradients, tokens, times, penalty = self.runner.build(
+            self._passes(mode), data, start, last_stage_loss, training, scale_penalty)
         result = {"times": times, "sent": tf.add_n(tokens) if tokens else tf.constant(0)}
+        variables = self.stage_model.trainable_variables
         if training:
-            variables = self.stage_model.trainable_variables
             gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
             gradients = self._sum_over_replicas(gradients)
+        if mode != "predict" and self._pipeline_group is not None:
+            gradients = self._decide_across_stages(gradients if training else [], penalty)
+        if training:
             with tf.control_dependencies([result["sent"]]):
                 self.optimizer.apply(gradients, variables)
         if mode == "predict" and predictions:
@@ -287,6 +401,34 @@ class PipelinedModel(keras.Model):
         flat = [np.concatenate([part[i] for part in last if part is not None])
                 for i in range(len(keras.tree.flatten(self._user.model.output)))]
         return keras.tree.pack_sequence_as(self._user.model.output, flat)
+
+    def _decide_across_stages(self, gradients, penalty):
+        """Traced, collective over the replica's stages (Note [One model across the stages]): the
+        logged loss gets the earlier stages' layer losses; the gradients get the whole model's
+        global_clipnorm and, under a LossScaleOptimizer, its one decision to skip the step."""
+        squares = tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float64))) for g in gradients]) if gradients \
+            else tf.constant(0.0, tf.float64)
+        local = tf.stack([tf.cast(penalty, tf.float64), squares])
+        if self._pipeline_allreducer is None:
+            self._pipeline_allreducer = GraphAllreducer([local.shape], [local.dtype], group=self._pipeline_group)
+        total_penalty, total_squares = tf.unstack(self._pipeline_allreducer([local])[0])
+        if self.placement.is_last_stage:
+            self.loss_tracker.total.assign_add(tf.cast(total_penalty, self.loss_tracker.total.dtype))
+        if not gradients:
+            return gradients
+        if self._global_clipnorm:
+            norm = tf.sqrt(total_squares)
+            if hasattr(self.optimizer, "inner_optimizer"):
+                norm = norm / tf.cast(self.optimizer.scale_loss(tf.constant(1.0)), tf.float64)
+            clip = tf.constant(self._global_clipnorm, tf.float64)
+            # As Keras's clip_by_global_norm: scale by clip / max(norm, clip); NaN if the norm is not finite.
+            factor = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
+            gradients = [g * tf.cast(factor, g.dtype) for g in gradients]
+        if hasattr(self.optimizer, "inner_optimizer"):
+            # Every stage's LossScaleOptimizer sees non-finite gradients if any stage has them.
+            poison = tf.where(tf.math.is_finite(total_squares), 0.0, float("nan"))
+            gradients = [g + tf.cast(poison, g.dtype) for g in gradients]
+        return gradients
 
     def _sum_over_replicas(self, gradients):
         """Traced: the sum over the stage's replicas, through the fused reducer's graph ops."""
@@ -327,21 +469,34 @@ class PipelinedModel(keras.Model):
 
     # --- fit / evaluate / predict ------------------------------------------------------------
 
+    def _check_batches(self, x, batch_size) -> None:
+        """Before training: arrays cut into global batches (the last one possibly smaller) that the
+        replicas' micro-batches must divide; a dataset's batches are checked at each step."""
+        if x is None or isinstance(x, tf.data.Dataset):
+            return
+        count = len(keras.tree.flatten(x)[0])
+        size = pipeline_data.DEFAULT_BATCH_SIZE if batch_size is None else int(batch_size)
+        for batch in {min(size, count), count % size} - {0}:
+            check_micro_batches(batch, self.placement.num_replicas, self.num_micro_batches)
+
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
             validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
             steps_per_epoch=None, validation_steps=None, validation_batch_size=None, validation_freq=1):
         """As keras.Model.fit; `batch_size` is the GLOBAL batch size, cut into num_micro_batches per replica."""
-        if class_weight:
-            raise NotImplementedError("tarantella: class_weight is not supported by pipelined models yet; pass "
-                                      "sample weights")
         if validation_split and validation_data is None:
             (x, y, sample_weight), validation_data = pipeline_data.split_for_validation(
                 x, y, sample_weight, validation_split)
         seed = int(np.random.randint(2**31 - 1))
         if runtime.get_size() > 1:
             seed = collectives.broadcast_object(seed, root=runtime.get_master_rank())
+        self._check_batches(x, batch_size)
+        if validation_data is not None and not isinstance(validation_data, tf.data.Dataset):
+            self._check_batches(validation_data[0], validation_batch_size or batch_size)
         train = pipeline_data.global_batches(x, y, sample_weight, batch_size=batch_size,
                                              shuffle=bool(shuffle) and not isinstance(x, tf.data.Dataset), seed=seed)
+        if class_weight:
+            # As Keras: per-sample weights from the class of each target (single-output models).
+            train = train.map(make_class_weight_map_fn(class_weight))
         validation = None
         if validation_data is not None:
             vx, vy, vsw = (keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
@@ -355,12 +510,14 @@ class PipelinedModel(keras.Model):
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None, steps=None,
                  callbacks=None, return_dict=False, **kwargs):
+        self._check_batches(x, batch_size)
         data = pipeline_data.global_batches(x, y, sample_weight, batch_size=batch_size, what="batch_size")
         return super().evaluate(data, verbose=rank_callbacks.verbosity_for_this_rank(verbose), steps=steps,
                                 callbacks=rank_callbacks.callbacks_for_this_rank(callbacks), return_dict=return_dict,
                                 **kwargs)
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
+        self._check_batches(x, batch_size)
         data = pipeline_data.global_batches(x, batch_size=batch_size)
         return super().predict(data, verbose=rank_callbacks.verbosity_for_this_rank(verbose), steps=steps,
                                callbacks=rank_callbacks.callbacks_for_this_rank(callbacks))

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 __all__ = ["Pass", "FORWARD", "BACKWARD", "gpipe", "one_f_one_b", "schedule", "SCHEDULES", "ideal_bubble_fraction",
-           "max_live_micro_batches"]
+           "max_live_micro_batches", "check_micro_batches"]
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -67,3 +67,13 @@ def max_live_micro_batches(passes: list[Pass]) -> int:
         live += 1 if kind == FORWARD else -1
         peak = max(peak, live)
     return peak
+
+
+def check_micro_batches(batch: int, num_replicas: int, num_micro_batches: int) -> None:
+    """Every replica's part of a global batch must split into equal micro-batches."""
+    parts = num_replicas * num_micro_batches
+    if batch % parts:
+        split = f"{num_replicas} replicas x {num_micro_batches}" if num_replicas > 1 else f"{num_micro_batches}"
+        raise ValueError(f"tarantella: a global batch of {batch} samples does not split into {split} micro-batches "
+                         f"of equal size; use a batch size (and, for the last batch, a sample count) divisible by "
+                         f"{parts}, or a num_micro_batches that divides the batch")

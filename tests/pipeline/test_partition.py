@@ -6,7 +6,7 @@ import pytest
 from tarantella.keras.layers import SplitLayer
 from tarantella.pipeline import balance
 from tarantella.pipeline.partition import graph_of, partition, stages_from_split_layers
-from tarantella.pipeline.schedules import (BACKWARD, FORWARD, gpipe, ideal_bubble_fraction, max_live_micro_batches,
+from tarantella.pipeline.schedules import (BACKWARD, FORWARD, check_micro_batches, gpipe, ideal_bubble_fraction, max_live_micro_batches,
                                            one_f_one_b, schedule)
 from tarantella.pipeline.topology import place
 
@@ -66,6 +66,28 @@ def test_split_layer_with_two_inputs_is_refused_when_built():
     a, b = keras.Input((4,)), keras.Input((4,))
     with pytest.raises(ValueError, match="exactly one input"):
         SplitLayer(name="bad")([a, b])
+
+
+def test_a_split_layer_inside_a_nested_model_is_refused():
+    inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), SplitLayer(name="inside"),
+                              keras.layers.Dense(2)], name="inner")
+    x = keras.Input((4,))
+    with pytest.raises(ValueError, match="SplitLayer 'inside' is inside the nested model 'inner'"):
+        graph_of(keras.Model(x, inner(x)))
+
+
+def test_a_layer_shared_across_a_cut_is_refused():
+    shared = keras.layers.Dense(4, name="shared")
+    x = keras.Input((4,))
+    out = shared(SplitLayer(name="cut")(shared(x)))
+    with pytest.raises(ValueError, match="layer 'shared' is called 2 times in the model"):
+        graph_of(keras.Model(x, out))
+
+
+def test_a_micro_batch_count_must_divide_the_batch():
+    check_micro_batches(16, 2, 4)
+    with pytest.raises(ValueError, match="global batch of 12 samples does not split into 2 replicas x 4"):
+        check_micro_batches(12, 2, 4)
 
 
 def test_inputs_must_be_read_by_the_first_stage():

@@ -40,3 +40,15 @@ def test_bad_pipelines_fail_early_and_automatic_cuts_train_like_serial():
                                 "automatic cut by parameters trains like serial",
                                 "default micro-batch count trains like serial", "done"])
     assert "automatic pipeline cut into 2 stages" in result.rank_stdout[0], result.describe()
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(240)
+def test_ranks_hold_only_their_stage_and_keep_the_whole_models_semantics(tmp_path):
+    result = run_ranks(2, os.path.join(PROGRAMS, "check_stage_state.py"), args=[str(tmp_path)], timeout=220,
+                       env=ENV).check()
+    check_all_ranks(result, 2, ["each rank holds only its stage's weights and optimizer state",
+                                "global_clipnorm, regularizers, add_loss and class_weight train like serial",
+                                "a LossScaleOptimizer takes one decision for all stages",
+                                "save gathers the whole model and optimizer; load_model resumes training",
+                                "micro-batches must divide the batch", "done"])
