@@ -247,9 +247,10 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _stop_launch(process: subprocess.Popen, kill_after: float) -> None:
-    """Stops a launch that is stuck: mpirun and everything it started here (its launch
-    agents run in process groups of their own, and mpirun does not stop them)."""
+def _stop_tree(process: subprocess.Popen, kill_after: float) -> None:
+    """Stops mpirun when it does not end by itself (a stuck launch, a job it could not
+    end after a failure) and everything it started on this host: its launch agents
+    (ssh clients) run in process groups of their own, and a killed mpirun leaves them."""
     below = _descendants(process.pid)
     _stop(process, kill_after)
     for pid in below:
@@ -323,12 +324,12 @@ def run_job(argv: list[str], *, env: dict | None = None, grace_seconds: float = 
                     process.send_signal(signal.SIGTERM)
             if deadline is not None and time.monotonic() >= deadline and process.poll() is None:
                 forced = True
-                _stop(process, kill_after_seconds)
+                _stop_tree(process, kill_after_seconds)
             if launch is not None and launch_timeout is not None and not launch.complete and \
                     watcher.first_failure is None and stop_asked_at is None and \
                     time.monotonic() - started_at > launch_timeout:
                 launch_timed_out = True
-                _stop_launch(process, min(2.0, kill_after_seconds))
+                _stop_tree(process, min(2.0, kill_after_seconds))
         process.wait()
     finally:
         for signum, handler in previous.items():

@@ -5,7 +5,8 @@
 Every rank trains: a numpy linear model whose gradients are allreduced with
 tnt.allreduce each step (`keras` modes: tnt.Model.fit), forever, until the fault
 ends the job. Each rank writes its program's pid to STATE_DIR/pid-RANK once it
-trains, so the harness can strike mid-step. MODE says what the program itself
+trains, so the harness can strike mid-step; a rank that commits a fault itself writes the
+time to STATE_DIR/fault-RANK first. MODE says what the program itself
 does wrong:
   train              nothing (the harness injects the fault from outside)
   keras              the same with tnt.Model.fit (a real Keras training step)
@@ -33,6 +34,11 @@ def ready():
     os.replace(path + ".tmp", path)
 
 
+def mark_fault():
+    with open(os.path.join(STATE, f"fault-{RANK}"), "w") as handle:
+        handle.write(repr(time.time()))
+
+
 def numpy_training():
     rng = np.random.default_rng(RANK)
     weights = np.zeros(4096, dtype=np.float32)
@@ -42,6 +48,7 @@ def numpy_training():
         gradient = x.T @ (x @ weights - 1.0) / 32
         try:
             if MODE == "caught_exception" and RANK == 1 and step == 3:
+                mark_fault()
                 raise ValueError("bad batch in step 3")
             gradient = tnt.allreduce(gradient, op="average")
         except ValueError:
@@ -51,6 +58,7 @@ def numpy_training():
         if step == 2:
             ready()
         if MODE == "early_exit" and RANK == 1 and step == 3:
+            mark_fault()
             return
         time.sleep(0.01)
 
@@ -64,7 +72,10 @@ def keras_training():
             if batch == 2:
                 ready()
 
-    width = 64 if (MODE == "mismatched_models" and RANK == 1) else 32
+    width = 32
+    if MODE == "mismatched_models" and RANK == 1:
+        mark_fault()
+        width = 64
     keras.utils.set_random_seed(1)
     model = tnt.Model(keras.Sequential([keras.Input((16,)), keras.layers.Dense(width, "relu"),
                                         keras.layers.Dense(1)]))
