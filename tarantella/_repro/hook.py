@@ -35,7 +35,8 @@ import numpy as np
 from tarantella._repro import reductions, weights as weight_records
 
 __all__ = ["RECORD_VARIABLE", "REFERENCE_VARIABLE", "STORE_WEIGHTS_VARIABLE", "MAX_STEPS_VARIABLE",
-           "MAX_EPOCHS_VARIABLE", "extra_callbacks", "make_recorder", "rank_from_environment"]
+           "MAX_EPOCHS_VARIABLE", "extra_callbacks", "make_recorder", "rank_from_environment",
+           "world_size_from_environment"]
 
 RECORD_VARIABLE = "TNT_REPRO_RECORD"
 REFERENCE_VARIABLE = "TNT_REPRO_REFERENCE"
@@ -52,6 +53,14 @@ def rank_from_environment() -> int:
         if name in os.environ:
             return int(os.environ[name])
     return 0
+
+
+def world_size_from_environment() -> int:
+    """The job's rank count from the MPI launcher's variables (1 outside a launcher)."""
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return 1
 
 
 def extra_callbacks() -> list:
@@ -149,7 +158,7 @@ def make_recorder(directory: str, reference: str | None = None, store_weights: b
 
         def _write(self):
             path = os.path.join(directory, f"rank{self.rank}.json")
-            document = {"rank": self.rank, "world_size": reductions.world_size_from_environment(),
+            document = {"rank": self.rank, "world_size": world_size_from_environment(),
                         "strategy": reductions.strategy_of(self.model),
                         "gradient_reductions": self.steps[-1]["reductions"] if self.steps else None,
                         "reduction_count_source": self.counter.source if self.counter else None,

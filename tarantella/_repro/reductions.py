@@ -16,17 +16,7 @@ Pipelined models exchange activations, not gradient sums: their reductions are n
 """
 from __future__ import annotations
 
-import os
-
-__all__ = ["world_size_from_environment", "strategy_of", "ReductionCounter"]
-
-
-def world_size_from_environment() -> int:
-    """The job's rank count from the MPI launcher's variables (1 outside a launcher)."""
-    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
-        if name in os.environ:
-            return int(os.environ[name])
-    return 1
+__all__ = ["strategy_of", "ReductionCounter"]
 
 
 def strategy_of(model) -> str:
