@@ -95,13 +95,14 @@ def distribute(x, y=None, sample_weight=None, *, batch_size=None, micro_batch_si
 
 def from_batched_dataset(dataset: tf.data.Dataset, size: int, rank: int) -> tf.data.Dataset:
     """This rank's micro-batches of a pipeline of global batches: rewritten if possible, else sliced."""
-    if size > 1:
-        unseeded = rank_pipeline.unseeded_shuffles(dataset)
-        if unseeded:
-            raise ValueError(f"tarantella: the input pipeline has an unseeded {unseeded[0]}: every rank would shuffle "
-                             f"differently and samples would be lost and repeated; give it a seed, the same on all "
-                             f"ranks (`dataset.shuffle(n, seed=42)`), or set tf.random.set_seed(...) before "
-                             f"building the pipeline")
+    if size == 1:  # every sample is this rank's: the rewrite would only add its per-sample bookkeeping
+        return _sliced(dataset, size, rank)
+    unseeded = rank_pipeline.unseeded_shuffles(dataset)
+    if unseeded:
+        raise ValueError(f"tarantella: the input pipeline has an unseeded {unseeded[0]}: every rank would shuffle "
+                         f"differently and samples would be lost and repeated; give it a seed, the same on all "
+                         f"ranks (`dataset.shuffle(n, seed=42)`), or set tf.random.set_seed(...) before "
+                         f"building the pipeline")
     the_plan = rank_pipeline.plan(dataset)
     if isinstance(the_plan, str):
         rank_pipeline.warn_on_master(rank, f"tarantella: every rank reads every global batch in full: {the_plan}")
