@@ -25,9 +25,9 @@ from bench.simulate.cluster_profile import load_cluster_profile
 from bench.simulate.model_profile import load_profile
 from bench.sweep.options import SweepOptions
 from bench.sweep.scaling import complete_row, simulate_rows, summary_points
-from bench.validation.record import write_validation
+from bench.validation.record import validation_points, write_validation
 
-__all__ = ["revalidate", "validation_points"]
+__all__ = ["revalidate"]
 
 # What a simulated row shares with the measured rows of its sweep.
 _SWEEP_KEYS = ("sweep", "model", "framework", "scaling", "timestamp", "hostname", "cpu_model", "cpus",
@@ -44,23 +44,6 @@ def _rows_of(directory: str) -> list[dict]:
         row["step_times_s"] = json.loads(row["step_times_s"]) if isinstance(row["step_times_s"], str) else []
         rows.append(row)
     return rows
-
-
-def validation_points(measured: list[dict], predicted: list[dict]) -> list[dict]:
-    """Error per measured count; the 1-device point is the calibration, the rest predictions."""
-    by_count = {row["devices"]: row for row in predicted}
-    points = []
-    for real in sorted(measured, key=lambda r: r["devices"]):
-        guess = by_count.get(real["devices"])
-        if guess is None:
-            continue
-        points.append({"devices": real["devices"], "oversubscribed": real["oversubscribed"],
-                       "role": "calibration" if real["devices"] == 1 else "prediction",
-                       "measured_step_s": real["step_time_median_s"],
-                       "predicted_step_s": guess["step_time_median_s"],
-                       "relative_error": guess["step_time_median_s"] / real["step_time_median_s"] - 1.0,
-                       "load_average_1m": real.get("load_average_1m")})
-    return points
 
 
 def _one_rank_profile(directory: str, measured: list[dict]) -> dict:

@@ -28,14 +28,14 @@ from bench.sweep.capacity import find_capacity, is_oversubscribed, split_counts
 from bench.sweep.options import SweepOptions
 from bench.sweep.progress import Progress
 from bench.sweep.runner import measured_row, run_point
+from bench.validation.record import validation_points, write_validation
 
 # Where counts beyond the machine are simulated when --cluster is not given: a CPU cluster,
 # so the simulated ranks compute like the measured ones (per core, Note [Compute of a
 # simulated rank]), and the extension continues the measured story.
 DEFAULT_CLUSTER = "supermuc_ng"
 
-__all__ = ["DEFAULT_CLUSTER", "run_scaling", "check_batches", "complete_row", "simulate_rows", "validation_table",
-           "summary_points"]
+__all__ = ["DEFAULT_CLUSTER", "run_scaling", "check_batches", "complete_row", "simulate_rows", "summary_points"]
 
 
 def check_batches(options: SweepOptions, default_micro_batch: int) -> None:
@@ -115,20 +115,6 @@ def simulate_rows(options, entry, profile, cluster, counts):
     return rows
 
 
-def validation_table(rows: list[dict]) -> list[dict]:
-    measured = {r["devices"]: r for r in rows if not r["simulated"]}
-    table = []
-    for row in rows:
-        if row["simulated"] and row["devices"] in measured:
-            real = measured[row["devices"]]
-            error = row["step_time_median_s"] / real["step_time_median_s"] - 1.0
-            table.append({"devices": row["devices"], "oversubscribed": real["oversubscribed"],
-                          "measured_step_s": real["step_time_median_s"],
-                          "predicted_step_s": row["step_time_median_s"],
-                          "relative_error": error, "cluster": row["cluster"]})
-    return table
-
-
 def summary_points(rows: list[dict]) -> list[dict]:
     return [{key: row[key] for key in (
         "devices", "nodes", "simulated", "cluster", "oversubscribed", "micro_batch", "global_batch",
@@ -195,10 +181,10 @@ def run_scaling(options: SweepOptions) -> dict:
     records.derive_figures(rows, _baselines(rows, measured_baseline, simulated_series, options, entry,
                                             epoch_examples, common))
     records.write_runs(rows, options.out)
-    validation = validation_table(rows) if not beyond else []
+    validation = [] if beyond or cluster is None else validation_points(
+        [r for r in rows if not r["simulated"]], [r for r in rows if r["simulated"]])
     if validation:
-        import pandas as pd
-        pd.DataFrame(validation).to_csv(os.path.join(options.out, "validation.csv"), index=False)
+        write_validation(options.out, validation, cluster, options.command, {"model": entry.name})
     summary = {
         "sweep": sweep, "created": timestamp, "command": options.command,
         "options": {k: v for k, v in vars(options).items() if k not in ("command",)},
@@ -209,7 +195,8 @@ def run_scaling(options: SweepOptions) -> dict:
         "cluster": None if cluster is None else cluster.describe(),
         "points": summary_points(rows),
         "validation": validation,
-        "files": ["runs.csv", "summary.json", "profile.json"] + (["validation.csv"] if validation else []),
+        "files": ["runs.csv", "summary.json", "profile.json"] + (["validation.csv", "validation.json"]
+                                                                 if validation else []),
     }
     if options.plots:
         from bench.plots import plot_directories

@@ -14,7 +14,24 @@ import os
 
 from bench.simulate.cluster_profile import ClusterProfile
 
-__all__ = ["write_validation", "read_validation"]
+__all__ = ["validation_points", "write_validation", "read_validation"]
+
+
+def validation_points(measured: list[dict], predicted: list[dict]) -> list[dict]:
+    """Error per measured count; the 1-device point is the calibration, the rest predictions."""
+    by_count = {row["devices"]: row for row in predicted}
+    points = []
+    for real in sorted(measured, key=lambda r: r["devices"]):
+        guess = by_count.get(real["devices"])
+        if guess is None:
+            continue
+        points.append({"devices": real["devices"], "oversubscribed": real["oversubscribed"],
+                       "role": "calibration" if real["devices"] == 1 else "prediction",
+                       "measured_step_s": real["step_time_median_s"],
+                       "predicted_step_s": guess["step_time_median_s"],
+                       "relative_error": guess["step_time_median_s"] / real["step_time_median_s"] - 1.0,
+                       "load_average_1m": real.get("load_average_1m")})
+    return points
 
 
 def write_validation(directory: str, points: list[dict], cluster: ClusterProfile, command: str,
