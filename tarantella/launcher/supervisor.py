@@ -135,6 +135,10 @@ class _StderrWatcher(threading.Thread):
         self._on_first_failure = on_first_failure
         self._at_line_start = True
 
+    @property
+    def at_line_start(self) -> bool:
+        return self._at_line_start
+
     def _write(self, data: bytes) -> None:
         if data:
             self._at_line_start = data.endswith(b"\n")
@@ -340,6 +344,8 @@ def run_job(argv: list[str], *, env: dict | None = None, grace_seconds: float = 
     if stdout_pump is not None:
         stdout_pump.join(timeout=0.5 if forced or launch_timed_out else 5.0)
 
+    if not watcher.at_line_start:  # the report starts a line of its own
+        watcher.passes(b"\n", "err")
     returncode = process.returncode if process.returncode >= 0 else 128 - process.returncode
     first = root_cause(watcher.records) or watcher.first_failure
     if launch is not None and first is None and not interrupted and not launch.complete and \
