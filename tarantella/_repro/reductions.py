@@ -61,4 +61,8 @@ class ReductionCounter:
             entry[1] += sum(1 for index, time in enumerate(finished)
                             if time > 0 and (index >= len(entry[2]) or time != entry[2][index]))
             entry[2] = finished
+        if not self._seen:
+            self.source = "no gradient reducer: the model reduces nothing"
+        elif self.source.startswith("no gradient reducer"):
+            self.source = "engine (FusedReducer::reductions_completed)"
         return sum(entry[1] for entry in self._seen.values())
