@@ -1,5 +1,6 @@
 #include "process_group.hpp"
 
+#include <algorithm>
 #include <climits>
 
 #include "errors.hpp"
@@ -108,6 +109,9 @@ void ProcessGroup::wait_all(std::vector<MPI_Request>& requests, const std::vecto
         for (std::size_t i = 0; i < requests.size(); ++i) {
           if (requests[i] != MPI_REQUEST_NULL && i < peers.size() && peers[i] >= 0) missing.push_back(peers[i]);
         }
+        // A partner both sent to and received from is named once.
+        std::sort(missing.begin(), missing.end());
+        missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
         return missing.empty() ? std::string("the group's other ranks") : describe_ranks(missing);
       });
 }
