@@ -7,11 +7,11 @@ hits all of them alike. Rank 0 prints one JSON line per (size, implementation).
 
 With --link-devices (the root-namespace ends of each host's link on a
 namespace cluster, in host order) rank 0 also measures the bytes each host sent
-over its link per allreduce: it reads the devices' counters from
-/proc/PID/net/dev of a process in the root namespace (--counters-pid, the
-driver; the same kernel counters as /sys/class/net/DEV/statistics there, which a
-rank inside a namespace cannot see), around a few calls bracketed by barriers,
-minus what the barriers alone send.
+over its link per allreduce: it reads /sys/class/net/DEV/statistics/rx_bytes as
+the root namespace sees it, through the root directory of a process there
+(/proc/PID/root/sys/..., --counters-pid, the driver: a rank's own /sys shows
+only its namespace's devices), around a few calls bracketed by barriers, minus
+what the barriers alone send.
 """
 import argparse
 import json
@@ -57,13 +57,14 @@ class LinkCounters:
     """Bytes each host sent: the receive counter of its link's root-namespace end."""
 
     def __init__(self, devices, pid):
-        self.devices = devices
-        self.path = f"/proc/{pid}/net/dev"
+        self.paths = [f"/proc/{pid}/root/sys/class/net/{device}/statistics/rx_bytes" for device in devices]
 
     def sent(self):
-        with open(self.path) as handle:
-            rows = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].split() for line in handle if ":" in line}
-        return np.array([int(rows[device][0]) for device in self.devices], dtype=np.int64)
+        counts = []
+        for path in self.paths:
+            with open(path) as handle:
+                counts.append(int(handle.read()))
+        return np.array(counts, dtype=np.int64)
 
     def per_call(self, call, calls=LINK_CALLS):
         """Bytes each host sent per call, less the bracketing barriers' own traffic."""
