@@ -13,6 +13,7 @@ import threading
 import traceback
 
 from tarantella import config as _config
+from tarantella.world_check import WorldSizeError, check_world_size
 
 __all__ = ["init", "is_initialized", "get_rank", "get_size", "get_master_rank", "is_master_rank",
            "world_group", "shutdown", "settings"]
@@ -47,6 +48,11 @@ def init() -> None:
                      log_level=logging.getLevelName(settings_.log_level),
                      log_on_all_devices=settings_.log_on_all_devices)
         world = engine.Group.world()
+        try:  # N copies of rank 0 would train N independent models (tarantella/world_check.py)
+            check_world_size(world.size, os.environ)
+        except WorldSizeError:
+            engine.stop()
+            raise
         _state.update(settings=settings_, world=world)
         atexit.register(shutdown)
         if world.size > 1:

@@ -73,6 +73,8 @@ What every rank receives in its environment
   TNT_*                     every runtime setting above, resolved: the flag, else -x,
                             else the launcher's environment, else the default
   TNT_LAUNCHED=1            the program was started by this launcher
+  TNT_WORLD_SIZE=n          the number of ranks started; a rank whose MPI world has
+                            another size stops at tnt.init() with WorldSizeError
   -x variables              as given
   OMP_NUM_THREADS, TF_NUM_INTRAOP_THREADS
                             the rank's share of its host's CPUs (CPUs // ranks on the

@@ -140,6 +140,7 @@ def make_plan(args, environ: Mapping[str, str], launcher_kind: str,
             rank_env[name] = environ[name]
     rank_env.update((name, value) for name, value in exported.items() if name not in settings)
     rank_env["TNT_LAUNCHED"] = "1"
+    rank_env["TNT_WORLD_SIZE"] = str(nranks)  # a rank alone in a world stops (world_check.py)
     # Open MPI 5 probes its UCX one-sided component for the engine's shared
     # windows and prints an error where UCX has no network; set here too (the
     # library sets it as well) for programs that start MPI through mpi4py first.

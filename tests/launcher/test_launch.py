@@ -44,6 +44,7 @@ def test_every_rank_runs_with_its_environment(n):
                             "64" if s.env == "TNT_FUSION_THRESHOLD_KB" else
                             ("0" if s.default is False else str(s.default))) for s in SETTINGS}
     expected_env["TNT_LAUNCHED"] = "1"
+    expected_env["TNT_WORLD_SIZE"] = str(n)
     threads = max(1, _cpus() // n)
     for rank in range(n):
         lines = result.rank_stdout[rank].splitlines()
