@@ -148,7 +148,8 @@ def _run_check(options) -> int:
     path = report.write_report(options, outcome, plot)
     print(f"reference: {report.describe_reference(options, outcome)}")
     if outcome.tolerance is not None:
-        print(f"tolerance: {outcome.tolerance.how}")
+        scope = " (exact serial vs production serial only)" if options.mode == "exact" else ""
+        print(f"tolerance{scope}: {outcome.tolerance.how}")
     for line in report.verdict_lines(outcome):
         print(line)
     print(f"{'PASSED' if outcome.passed else 'FAILED'}; report {path}" + (f", plot {plot}" if plot else ""))

@@ -33,8 +33,8 @@ def describe_reference(options: CheckOptions, outcome: CheckOutcome) -> str:
     trained = record.strategy if record is not None else "not recorded"
     return (f"serial: {os.path.basename(options.script)} in one plain Python process (no launcher, 1 rank), "
             f"seed {options.seed}, {step}; model trained: {trained}"
-            + ("; --wrap: the script's keras.Model trained through tnt.Model" if options.wrap and options.mode == "exact"
-               else ""))
+            + ("; --wrap: the script's keras.Model trained through tnt.Model"
+               if options.wrap and options.mode == "exact" else ""))
 
 
 def _run_entry(result, record) -> dict:
