@@ -20,7 +20,8 @@ places them.
     auto                the engine's choice (csrc/engine/allreduce.cpp Allreducer::resolve):
                         shared_memory on one node; hierarchical for groups spanning several
                         nodes with the same number (> 1) of ranks on each; else
-                        recursive_doubling below 64 KiB, rabenseifner for 2^k ranks, ring
+                        recursive_doubling below 64 KiB and for 2 ranks, rabenseifner for
+                        2^k ranks, ring
 
 Memory: copies and the summation of ranks on one node draw on the node's memory
 bandwidth, so each runs at most at the rank's share of it (cluster.rank_memory_Bps).
@@ -53,7 +54,7 @@ def choose_algorithm(nbytes: int, ranks: int, cluster: ClusterProfile) -> str:
 
 
 def _flat_choice(nbytes: int, ranks: int) -> str:
-    if nbytes < _SMALL_MESSAGE_BYTES:
+    if nbytes < _SMALL_MESSAGE_BYTES or ranks == 2:  # allreduce.cpp choose_flat: 2 ranks, one step
         return "recursive_doubling"
     return "rabenseifner" if ranks & (ranks - 1) == 0 else "ring"
 

@@ -61,7 +61,9 @@ void Allreducer::close() {
 }
 
 Algorithm choose_flat(std::size_t bytes, int ranks) {
-  if (bytes < kSmallMessageBytes) return Algorithm::recursive_doubling;
+  // Two ranks: recursive doubling sends each rank's whole vector once, as
+  // many bytes as Rabenseifner's two half-size steps, in one step.
+  if (bytes < kSmallMessageBytes || ranks == 2) return Algorithm::recursive_doubling;
   return is_power_of_two(ranks) ? Algorithm::rabenseifner : Algorithm::ring;
 }
 

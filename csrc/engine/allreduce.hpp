@@ -13,8 +13,11 @@
 // Note [Choosing an algorithm]
 // `auto`: all ranks on one node -> shared_memory; nodes with the same number
 // (> 1) of the group's ranks each -> hierarchical (Note [Hierarchical
-// allreduce]); otherwise the flat algorithms: recursive doubling below 64 KiB,
-// Rabenseifner for 2^k ranks, ring for other counts. Asking for hierarchical
+// allreduce]); otherwise the flat algorithms: recursive doubling below 64 KiB
+// (and at any size for 2 ranks, where it moves no more bytes than the
+// bandwidth-optimal ones, in one step), Rabenseifner for 2^k ranks, ring for
+// other counts. The hierarchical allreduce picks its inter-node algorithm by
+// the same rule, for its slice and the node count. Asking for hierarchical
 // where it does not apply falls back alike on every rank: to shared_memory
 // on one node, and to the flat choice with one rank per node or with unequal
 // ranks per node (e.g. 3 + 1).

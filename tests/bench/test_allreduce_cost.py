@@ -29,14 +29,16 @@ def test_auto_choice_mirrors_the_engine():
     assert choose_algorithm(1024, 8, one_per_node) == "recursive_doubling"    # small, across nodes
     assert choose_algorithm(1 << 20, 8, one_per_node) == "rabenseifner"       # large, 2^k ranks
     assert choose_algorithm(1 << 20, 12, one_per_node) == "ring"              # large, other counts
+    assert choose_algorithm(1 << 20, 2, one_per_node) == "recursive_doubling"  # 2 ranks: one step
 
 
 def test_hierarchical_is_node_reduce_scatter_parallel_slices_across_nodes_node_allgather():
     cluster = _cluster(devices_per_node=4)
     n = 8 << 20                                         # 2 rounds of 4 MiB, slices of 1 MiB
     peers = _cluster(devices_per_node=1, inter=(10e-6, 1e9 / 4))   # 4 slices share each interface
+    # 2 nodes: the slices go by recursive doubling (the engine's flat choice for 2 ranks)
     expected = allreduce_time(n, 4, cluster, "shared_memory") + 2 * allreduce_time(1 << 20, 2, peers,
-                                                                                   "rabenseifner")
+                                                                                   "recursive_doubling")
     assert allreduce_time(n, 8, cluster, "hierarchical") == pytest.approx(expected)
     # each node's link carries the message once each way: cheaper than the flat algorithms
     assert allreduce_time(n, 8, cluster) < allreduce_time(n, 8, cluster, "rabenseifner")
