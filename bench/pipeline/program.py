@@ -1,13 +1,28 @@
 """One benchmark run on every rank of a job; rank 0 prints one JSON line "RESULT {...}".
 
     program.py --mode pipeline|data|serial [--schedule 1f1b|gpipe] [--micro-batches M]
+               [--layers 8] [--width 512] [--batch 128] [--steps 8] [--budget-mib B]
 
 The model is a chain of `--layers` Dense layers of `--width` units (the cut,
-for pipelines, is automatic and balanced). TensorFlow gets one thread per rank
-so that ranks do not compete for the machine's cores.
+for pipelines, is automatic and balanced by parameters). TensorFlow gets one
+thread per rank so that ranks do not compete for the machine's cores.
+
+--budget-mib B: each rank may hold at most B MiB of model state (parameters
+plus optimizer state). A run whose rank would hold more does not train: it
+reports `fits: false` and the bytes it would need (the serial and
+data-parallel runs of a model too large for one rank); a pipeline checks what
+each rank really holds after training against B and reports it.
+
+Bubble (pipelines): per step, the window is from the first pass's start to
+the last pass's end over all stages (the per-pass timestamps of the traced
+step, tf.timestamp, one clock: the ranks share the machine); a stage's bubble
+is 1 - (its passes' compute time) / window; the run's is the mean over
+stages and steps, against (S-1)/(M+S-1). The executed pass order also gives
+the measured peak of micro-batches whose activations a stage held.
 """
 import argparse
 import json
+import os
 import resource
 import time
 
@@ -29,7 +44,9 @@ parser.add_argument("--layers", type=int, default=8)
 parser.add_argument("--width", type=int, default=512)
 parser.add_argument("--batch", type=int, default=128)
 parser.add_argument("--steps", type=int, default=8)
+parser.add_argument("--budget-mib", type=float, default=None)
 args = parser.parse_args()
+MIB = 1024.0 * 1024.0
 
 
 def peak_rss_mib() -> float:
@@ -45,57 +62,104 @@ def build() -> keras.Model:
     return keras.Model(x, keras.layers.Dense(10, name="out")(h))
 
 
+def state_bytes(variables) -> int:
+    from tarantella.pipeline import stage_state
+    return stage_state.held_bytes(variables)
+
+
+def optimizer_bytes_for(params_bytes: int) -> int:
+    return 2 * params_bytes   # Adam: two slots per parameter
+
+
+def live_peak(passes) -> int:
+    from tarantella.pipeline.schedules import Pass, max_live_micro_batches
+    executed = sorted(passes, key=lambda p: p[2])
+    return max_live_micro_batches([Pass(kind, m) for kind, m, _, _ in executed])
+
+
 rng = np.random.default_rng(0)
 samples = args.batch * args.steps
-x = rng.standard_normal((samples, args.width)).astype("float32")
-y = rng.standard_normal((samples, 10)).astype("float32")
 model = build()
+whole_params = state_bytes(model.weights)
 rss_before = peak_rss_mib()
-if args.mode == "pipeline":
-    from tarantella.pipeline import make_pipelined_model
-    model = make_pipelined_model(model, num_micro_batches=args.micro_batches, schedule=args.schedule,
-                                 num_pipeline_stages=tnt.get_size(), balance_by="parameters")
-elif args.mode == "data":
-    model = tnt.Model(model)
-model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
-
-bubbles, step_times = [], []
-
-
-class Trace(keras.callbacks.Callback):
-    def on_train_batch_end(self, batch, logs=None):
-        if args.mode == "pipeline":
-            trace = model.runner.trace
-            bubbles.append((trace.end - trace.start, trace.busy))
-
-
-model.fit(x[:args.batch * 2], y[:args.batch * 2], batch_size=args.batch, epochs=1, verbose=0, shuffle=False)  # warm-up
-bubbles.clear()
-if tnt.get_size() > 1:
-    tnt.barrier()
-start = time.perf_counter()
-model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, shuffle=False, callbacks=[Trace()])
-elapsed = time.perf_counter() - start
-record = {"rank": tnt.get_rank(), "peak_rss_mib": peak_rss_mib(), "rss_before_mib": rss_before,
-          "elapsed_s": elapsed}
-if bubbles:
-    wall = sum(w for w, _ in bubbles)
-    record.update(schedule_wall_s=wall, busy_s=sum(b for _, b in bubbles))
-    record["stage"] = model.placement.stage
-    record["stage_params"] = int(sum(np.prod(v.shape) for v in model.stage_model.weights))
+load_before = os.getloadavg()
+record = {"rank": tnt.get_rank(), "whole_params_bytes": whole_params}
+needed = whole_params + optimizer_bytes_for(whole_params)
+if args.mode != "pipeline" and args.budget_mib is not None and needed > args.budget_mib * MIB:
+    record.update(fits=False, needed_bytes=needed)
 else:
-    record["stage_params"] = int(sum(np.prod(v.shape) for v in (model.wrapped_model if args.mode == "data"
-                                                                 else model).weights))
+    x = rng.standard_normal((samples, args.width)).astype("float32")
+    y = rng.standard_normal((samples, 10)).astype("float32")
+    if args.mode == "pipeline":
+        from tarantella.pipeline import make_pipelined_model
+        model = make_pipelined_model(model, num_micro_batches=args.micro_batches, schedule=args.schedule,
+                                     num_pipeline_stages=tnt.get_size(), balance_by="parameters")
+    elif args.mode == "data":
+        model = tnt.Model(model)
+    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
+    traces = []
+
+    class Trace(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if args.mode == "pipeline":
+                traces.append(model.runner.trace.passes)
+
+    model.fit(x[:args.batch * 2], y[:args.batch * 2], batch_size=args.batch, epochs=1, verbose=0,
+              shuffle=False)  # warm-up: traces the step
+    traces.clear()
+    if tnt.get_size() > 1:
+        tnt.barrier()
+    start = time.perf_counter()
+    model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, shuffle=False, callbacks=[Trace()])
+    elapsed = time.perf_counter() - start
+    record.update(fits=True, elapsed_s=elapsed, peak_rss_mib=peak_rss_mib(), rss_before_mib=rss_before)
+    if args.mode == "pipeline":
+        params = state_bytes(model.whole_model.weights)
+        optimizer = state_bytes(model.optimizer.variables)
+        record.update(stage=model.placement.stage, params_bytes=params, optimizer_bytes=optimizer,
+                      steps_passes=traces, live_peak=max(live_peak(t) for t in traces))
+    else:
+        weights = model.wrapped_model.weights if args.mode == "data" else model.weights
+        params = state_bytes(weights)
+        record.update(params_bytes=params, optimizer_bytes=state_bytes(model.optimizer.variables))
+    if args.budget_mib is not None:
+        record["within_budget"] = record["params_bytes"] + record["optimizer_bytes"] <= args.budget_mib * MIB
+record["loadavg_before"], record["loadavg_after"] = load_before, os.getloadavg()
 records = tnt.allgather_object(record) if tnt.get_size() > 1 else [record]
+
+
+def bubble(records) -> tuple[float, list[float]]:
+    """Mean over steps and stages of 1 - busy / window (module docstring)."""
+    per_stage = [[] for _ in records]
+    for step in range(len(records[0]["steps_passes"])):
+        passes = [r["steps_passes"][step] for r in records]
+        window = max(p[3] for ps in passes for p in ps) - min(p[2] for ps in passes for p in ps)
+        for s, ps in enumerate(passes):
+            per_stage[s].append(1.0 - sum(p[3] - p[2] for p in ps) / window)
+    means = [float(np.mean(v)) for v in per_stage]
+    return float(np.mean(means)), means
+
+
 if tnt.get_rank() == 0:
     summary = {"mode": args.mode, "schedule": args.schedule if args.mode == "pipeline" else None,
                "micro_batches": args.micro_batches if args.mode == "pipeline" else None,
                "ranks": tnt.get_size(), "layers": args.layers, "width": args.width, "global_batch": args.batch,
-               "steps": args.steps, "elapsed_s": max(r["elapsed_s"] for r in records),
-               "samples_per_s": samples / max(r["elapsed_s"] for r in records), "per_rank": records}
-    if args.mode == "pipeline":
+               "steps": args.steps, "budget_mib": args.budget_mib, "fits": all(r["fits"] for r in records),
+               "whole_params_bytes": whole_params}
+    if summary["fits"]:
+        elapsed = max(r["elapsed_s"] for r in records)
+        summary.update(elapsed_s=elapsed, samples_per_s=samples / elapsed,
+                       max_rank_params_fraction=max(r["params_bytes"] for r in records) / whole_params)
+        if args.budget_mib is not None:
+            summary["within_budget"] = all(r["within_budget"] for r in records)
+    else:
+        summary["needed_bytes"] = max(r.get("needed_bytes", 0) for r in records)
+    if args.mode == "pipeline" and summary["fits"]:
         S, M = tnt.get_size(), args.micro_batches
-        per_stage = [1.0 - r["busy_s"] / r["schedule_wall_s"] for r in records]
-        summary.update(bubble_fraction=float(np.mean(per_stage)), bubble_per_stage=per_stage,
-                       ideal_bubble_fraction=(S - 1) / (M + S - 1))
+        mean, per_stage = bubble(records)
+        summary.update(bubble_fraction=mean, bubble_per_stage=per_stage, ideal_bubble_fraction=(S - 1) / (M + S - 1),
+                       live_peak_per_stage=[r["live_peak"] for r in records])
+    for r in records:
+        r.pop("steps_passes", None)
+    summary["per_rank"] = records
     print("RESULT " + json.dumps(summary), flush=True)

@@ -1,14 +1,19 @@
 """Run the pipeline benchmarks through the launcher and write results/pipeline/.
 
-    python -m bench.pipeline.sweep [--out results/pipeline] [--steps 8]
+    python -m bench.pipeline.sweep [--out results/pipeline] [--steps 8] [--repeats 3]
+                                   [--micro-batches 1,2,4,8] [--budget-mib 256] [--big-width 2048]
 
-Writes runs.jsonl (one self-describing row per run: machine, commit, options,
-raw per-rank statistics), runs.csv (the headline columns) and summary.md.
-Bubble fraction: per stage, 1 - (time computing passes) / (wall time of the
-schedule), averaged over the stages; it includes stage imbalance and transfer
-waits, against the ideal (S-1)/(M+S-1) of equal stages and free transfers.
-Peak memory: each rank's peak RSS growth from just before the model is
-wrapped to the end of training, against the serial model's.
+Two models (bench/pipeline/program.py): the 8 x Dense(512) MLP, and the same
+chain at `--big-width`, whose parameters plus Adam state exceed
+`--budget-mib` per rank while half of it (one stage) fits. For each: serial
+(1 rank), 2-rank data parallelism, and 2-stage GPipe and 1F1B at each M;
+every configuration `--repeats` times, reporting medians. The big model's
+serial and data-parallel rows report that they do not fit the budget.
+
+Writes runs.jsonl (every run: machine, commit, options, raw per-rank
+statistics incl. the load average before and after), runs.csv (the medians)
+and summary.md (the table, with the bubble against (S-1)/(M+S-1) and the
+throughput against the ideal S*M/(M+S-1) x serial).
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import argparse
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -23,9 +29,13 @@ from bench.machine import describe_machine, describe_source
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COLUMNS = ["model", "mode", "schedule", "micro_batches", "ranks", "fits", "samples_per_s", "speedup_vs_serial",
+           "ideal_speedup", "fraction_of_ideal", "bubble_fraction", "ideal_bubble_fraction", "live_peak_per_stage",
+           "max_rank_params_fraction", "max_rank_state_mib", "budget_mib", "within_budget",
+           "max_rank_peak_rss_growth_mib", "loadavg_1min_max"]
 
 
-def run(ranks: int, options: list[str], timeout: float = 300) -> dict:
+def run(ranks: int, options: list[str], timeout: float = 600) -> dict:
     command = [sys.executable, "-m", "tarantella.launcher", "-n", str(ranks), "--", PROGRAM, *options]
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
@@ -35,45 +45,99 @@ def run(ranks: int, options: list[str], timeout: float = 300) -> dict:
     raise RuntimeError(f"no result from {' '.join(command)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
+def plan(options) -> list[tuple[str, int, list[str]]]:
+    models = [("mlp", ["--width", "512"]),
+              ("over_budget", ["--width", str(options.big_width), "--budget-mib", str(options.budget_mib)])]
+    rows = []
+    for name, model in models:
+        rows += [(name, 1, ["--mode", "serial"] + model), (name, 2, ["--mode", "data"] + model)]
+        for schedule in ("gpipe", "1f1b"):
+            for m in options.micro_batches.split(","):
+                rows.append((name, 2, ["--mode", "pipeline", "--schedule", schedule, "--micro-batches", m] + model))
+    return rows
+
+
+def median_row(name: str, runs: list[dict], serial: dict | None) -> dict:
+    first = runs[0]
+    row = {"model": name, "mode": first["mode"], "schedule": first["schedule"],
+           "micro_batches": first["micro_batches"], "ranks": first["ranks"], "fits": first["fits"],
+           "budget_mib": first["budget_mib"]}
+    loads = [max(r["loadavg_before"][0], r["loadavg_after"][0]) for run in runs for r in run["per_rank"]]
+    row["loadavg_1min_max"] = round(max(loads), 2)
+    if not first["fits"]:
+        row["max_rank_state_mib"] = round(first["needed_bytes"] / 2**20, 1)
+        row["within_budget"] = False
+        return row
+    speed = statistics.median(r["samples_per_s"] for r in runs)
+    row["samples_per_s"] = round(speed, 1)
+    if serial and serial.get("samples_per_s"):
+        row["speedup_vs_serial"] = round(speed / serial["samples_per_s"], 3)
+    if first["mode"] == "pipeline":
+        S, M = first["ranks"], first["micro_batches"]
+        row["ideal_speedup"] = round(S * M / (M + S - 1), 3)
+        if "speedup_vs_serial" in row:
+            row["fraction_of_ideal"] = round(row["speedup_vs_serial"] / row["ideal_speedup"], 3)
+        row["bubble_fraction"] = round(statistics.median(r["bubble_fraction"] for r in runs), 4)
+        row["ideal_bubble_fraction"] = round(first["ideal_bubble_fraction"], 4)
+        row["live_peak_per_stage"] = first["live_peak_per_stage"]
+    row["max_rank_params_fraction"] = round(statistics.median(r["max_rank_params_fraction"] for r in runs), 3)
+    state = max(p["params_bytes"] + p["optimizer_bytes"] for p in first["per_rank"])
+    row["max_rank_state_mib"] = round(state / 2**20, 1)
+    if first["budget_mib"] is not None:
+        row["within_budget"] = all(r.get("within_budget") for r in runs)
+    row["max_rank_peak_rss_growth_mib"] = round(statistics.median(
+        max(p["peak_rss_mib"] - p["rss_before_mib"] for p in r["per_rank"]) for r in runs), 1)
+    return row
+
+
+def write_summary(path: str, rows: list[dict], context: dict) -> None:
+    lines = ["# Pipeline benchmark (bench/pipeline/sweep.py)", "",
+             f"Machine: {json.dumps(context['machine'])}", f"Source: {json.dumps(context['source'])}", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in rows:
+        lines.append("| " + " | ".join(str(row.get(c, "")) for c in COLUMNS) + " |")
+    with open(path, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(REPO, "results", "pipeline"))
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--micro-batches", default="1,2,4,8")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--budget-mib", type=float, default=256.0)
+    parser.add_argument("--big-width", type=int, default=2048)
     options = parser.parse_args()
-    common = ["--steps", str(options.steps)]
-    plan = [(1, ["--mode", "serial"]), (2, ["--mode", "data"])]
-    for schedule in ("gpipe", "1f1b"):
-        for m in options.micro_batches.split(","):
-            plan.append((2, ["--mode", "pipeline", "--schedule", schedule, "--micro-batches", m]))
+    common = ["--steps", str(options.steps), "--batch", str(options.batch), "--layers", str(options.layers)]
     os.makedirs(options.out, exist_ok=True)
     context = {"machine": describe_machine(), "source": describe_source()}
-    rows = []
-    for ranks, args in plan:
-        result = run(ranks, args + common)
-        result.update(context)
-        rows.append(result)
-        print(f"{' '.join(args)}: {result['samples_per_s']:.1f} samples/s"
-              + (f", bubble {result['bubble_fraction']:.3f} (ideal {result['ideal_bubble_fraction']:.3f})"
-                 if "bubble_fraction" in result else ""), flush=True)
+    raw, rows, serial = [], [], {}
+    for name, ranks, args in plan(options):
+        runs = []
+        for repeat in range(options.repeats):
+            result = run(ranks, args + common)
+            result.update(context, model=name, repeat=repeat)
+            runs.append(result)
+            raw.append(result)
+        if args[1] == "serial":
+            serial[name] = {"samples_per_s": statistics.median(r["samples_per_s"] for r in runs)} \
+                if runs[0]["fits"] else None
+        row = median_row(name, runs, serial.get(name))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     with open(os.path.join(options.out, "runs.jsonl"), "w") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
-    serial = next(r for r in rows if r["mode"] == "serial")
-    serial_growth = serial["per_rank"][0]["peak_rss_mib"] - serial["per_rank"][0]["rss_before_mib"]
+        for result in raw:
+            handle.write(json.dumps(result) + "\n")
     with open(os.path.join(options.out, "runs.csv"), "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["mode", "schedule", "micro_batches", "ranks", "samples_per_s", "bubble_fraction",
-                         "ideal_bubble_fraction", "max_rank_peak_rss_growth_mib", "serial_peak_rss_growth_mib",
-                         "max_rank_params", "serial_params"])
-        for r in rows:
-            growth = max(p["peak_rss_mib"] - p["rss_before_mib"] for p in r["per_rank"])
-            writer.writerow([r["mode"], r["schedule"], r["micro_batches"], r["ranks"], f"{r['samples_per_s']:.2f}",
-                             f"{r['bubble_fraction']:.4f}" if "bubble_fraction" in r else "",
-                             f"{r['ideal_bubble_fraction']:.4f}" if "ideal_bubble_fraction" in r else "",
-                             f"{growth:.1f}", f"{serial_growth:.1f}",
-                             max(p["stage_params"] for p in r["per_rank"]), serial["per_rank"][0]["stage_params"]])
-    print(f"wrote {options.out}/runs.jsonl and runs.csv", flush=True)
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: row.get(c, "") for c in COLUMNS})
+    write_summary(os.path.join(options.out, "summary.md"), rows, context)
+    print(f"wrote {options.out}/runs.jsonl, runs.csv and summary.md", flush=True)
 
 
 if __name__ == "__main__":

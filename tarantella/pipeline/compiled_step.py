@@ -53,7 +53,7 @@ class StepTrace:
 
     def __init__(self, passes: list[Pass] | None = None, times=None, start: float = 0.0, end: float = 0.0):
         self.start, self.end = start, end
-        self._kinds = passes or []
+        self.schedule = passes or []   # the passes in schedule order
         self._times = times          # a [passes, 2] tensor, read only when asked for
 
     @property
@@ -62,7 +62,7 @@ class StepTrace:
         if self._times is None:
             return []
         times = np.asarray(self._times)
-        return [(p.kind, p.micro_batch, float(a), float(b)) for p, (a, b) in zip(self._kinds, times)]
+        return [(p.kind, p.micro_batch, float(a), float(b)) for p, (a, b) in zip(self.schedule, times)]
 
     @property
     def busy(self) -> float:

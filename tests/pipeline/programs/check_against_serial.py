@@ -17,6 +17,7 @@ import numpy as np
 import tarantella as tnt
 from tarantella.keras.layers import SplitLayer
 from tarantella.pipeline import load_model
+from tarantella.pipeline.schedules import Pass, max_live_micro_batches
 
 parser = argparse.ArgumentParser()
 parser.add_argument("stages", type=int)
@@ -97,6 +98,13 @@ for schedule in ("1f1b", "gpipe"):
     assert len(model.stage_model.layers) < whole_layers, "the stage holds the whole model"
     compile_(model)
     losses, history = train(model)
+    # The traced step ran the passes one at a time in schedule order (their timestamps say so), so the
+    # stage held at most S - stage (1F1B) or M (GPipe) micro-batches' activations.
+    executed = sorted(model.runner.trace.passes, key=lambda p: p[2])
+    assert [(k, m) for k, m, _, _ in executed] == [tuple(p) for p in model.runner.trace.schedule], executed
+    assert all(a[3] <= b[2] for a, b in zip(executed, executed[1:])), "passes overlapped"
+    live = max_live_micro_batches([Pass(k, m) for k, m, _, _ in executed])
+    assert live == (min(args.stages - placement.stage, 4) if schedule == "1f1b" else 4), (schedule, live)
     close(f"{schedule} step losses", losses, serial_losses)
     for key in serial_history:
         close(f"{schedule} history {key}", history[key], serial_history[key])
