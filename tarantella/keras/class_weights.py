@@ -59,7 +59,7 @@ def with_class_weights(dataset: tf.data.Dataset, class_weight: dict) -> tf.data.
             classes = tf.cast(tf.round(y), tf.int32)
         return x, y, tf.gather(table, classes)
 
-    return dataset.map(add_weights, deterministic=True)
+    return dataset.map(add_weights)
 
 
 def _check_structure(element_spec) -> None:

@@ -191,6 +191,7 @@ class Model(keras.Model):
     def _compile_direct(self, optimizer="rmsprop", loss=None, metrics=None, **kwargs):
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False, **kwargs)
         # The wrapped model is compiled alike (sharing the optimizer) so that its saved file is complete.
+        _check_loss_reduction(loss)
         self._model.compile(optimizer=self.optimizer, loss=loss, metrics=metrics, jit_compile=False, **kwargs)
         self._close_allreducers()
 
@@ -401,3 +402,13 @@ def _check_jit_compile(jit_compile) -> None:
         raise ValueError(f"tarantella: jit_compile={jit_compile!r} is not supported: the gradient allreduce "
                          f"ops are not XLA ops; use jit_compile=False or \"auto\" (both mean no XLA, at every "
                          f"rank count)")
+
+
+def _check_loss_reduction(loss) -> None:
+    """Note [Loss of the global batch] needs losses that are means over the batch."""
+    for item in tf.nest.flatten(loss):
+        reduction = getattr(item, "reduction", None)
+        if reduction in ("sum", "mean_with_sample_weight"):
+            raise ValueError(f"tarantella: loss {getattr(item, 'name', item)!r} has reduction={reduction!r}; "
+                             f"distributed training weights each rank's loss by its share of the global batch, "
+                             f"which needs a mean over the batch: use reduction=\"sum_over_batch_size\"")

@@ -47,8 +47,8 @@ def test_keras_io_architectures_empty_micro_batches_class_weight(n):
                     assert values[key] <= TOLERANCE, f"{check} rank {rank}: {key} differs by {values[key]}"
     assert all(v["finite"] and v["count"] == 2 for v in found["batch_norm_moving_stats"].values())
     for values in found["refusals"].values():
-        assert set(values["messages"]) == {"jit_compile", "class_weight_outputs"}, values
-        assert values["lines"]["jit_compile"] == 1
+        assert set(values["messages"]) == {"jit_compile", "class_weight_outputs", "loss_reduction"}, values
+        assert values["lines"]["jit_compile"] == 1 and values["lines"]["loss_reduction"] == 1
         assert "single output" in values["messages"]["class_weight_outputs"]
 
 

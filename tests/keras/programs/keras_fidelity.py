@@ -165,5 +165,9 @@ try:
     two.fit(pairs, class_weight={0: 1.0}, verbose=0)
 except Exception as error:  # noqa: BLE001  (tf.data may wrap it)
     refusals["class_weight_outputs"] = str(error)
+try:
+    tnt.Model(small()).compile(optimizer="sgd", loss=keras.losses.MeanSquaredError(reduction="sum"))
+except ValueError as error:
+    refusals["loss_reduction"] = str(error)
 report("refusals", messages={key: value.splitlines()[0] for key, value in refusals.items()},
        lines={key: len(value.strip().splitlines()) for key, value in refusals.items()})

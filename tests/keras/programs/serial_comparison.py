@@ -14,8 +14,10 @@ def report(check, **values):
 
 
 def relative_difference(a, b):
-    """max over tensors of max|a-b| / max|a| (scale-relative: elementwise ratios blow up near zero)."""
-    return max(float(np.max(np.abs(x - y)) / max(np.max(np.abs(x)), 1e-12)) for x, y in zip(a, b))
+    """max over tensors of max|a-b| / max|a| (scale-relative: elementwise ratios blow up near zero).
+    A tensor below 1e-3 everywhere counts as of scale 1e-3: an attention layer's key bias gets a gradient
+    that is zero but for rounding, so its values are rounding noise that no two summation orders share."""
+    return max(float(np.max(np.abs(x - y)) / max(np.max(np.abs(x)), 1e-3)) for x, y in zip(a, b))
 
 
 def logs_difference(serial, distributed):
