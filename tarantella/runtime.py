@@ -58,6 +58,9 @@ def init() -> None:
         if world.size > 1:
             _abort_job_on_uncaught_exception()
         _set_up_logging(settings_, world.rank)
+        if settings_.timeline:  # after atexit(shutdown): the timeline's exit hook runs first, engine still up
+            from tarantella import timeline
+            timeline.start(settings_.timeline, world.rank, world.size)
         logger.info("tarantella started on %d rank(s): %s", world.size, _config.describe(settings_))
 
 
@@ -86,6 +89,22 @@ def _abort_job_on_uncaught_exception() -> None:
         _engine().abort_job(1)
 
     sys.excepthook = abort_on_exception
+    _end_job_on_failing_exit()
+
+
+def _end_job_on_failing_exit() -> None:
+    """`sys.exit(3)` on one rank ends the job with code 3 (MPI_Abort at exit) instead of
+    waiting in MPI_Finalize until every other rank has finished too. Python tells
+    neither sys.excepthook nor atexit about SystemExit, so sys.exit notes the code
+    (`raise SystemExit(3)` itself is not seen: that rank waits for the others)."""
+    original = sys.exit
+
+    def exit_noting_the_code(code=None):
+        if code is not None and code != 0:
+            _state["failing_exit"] = code if isinstance(code, int) else 1
+        original(code)
+
+    sys.exit = exit_noting_the_code
 
 
 def is_initialized() -> bool:
@@ -127,5 +146,10 @@ def shutdown() -> None:
     with _lock:
         if not _state:
             return
+        failing_exit = _state.get("failing_exit")
         _state.clear()
+        if failing_exit is not None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            _engine().abort_job(failing_exit)
         _engine().stop()

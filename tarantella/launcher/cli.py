@@ -26,7 +26,9 @@ Recipes
   tarantella -n 2 --python-interpreter= -- ./a.out    a binary (so is any non-.py program)
   tarantella -n 2 --dry-run -- train.py         print the command, run nothing
   salloc -N 2 --ntasks-per-node 4 tarantella -- train.py
-                                                in Slurm: srun places SLURM_NTASKS ranks
+                                                in Slurm: SLURM_NTASKS ranks on the
+                                                allocation's nodes (mpirun inside it)
+  sbatch -n 8 -c 4 --wrap "tarantella -- train.py"  8 ranks of 4 threads each
 
 Definitions
   rank          one process of the job, numbered 0..n-1; rank 0 is the master rank
@@ -35,7 +37,8 @@ Definitions
   socket        a NUMA node with CPUs, as `numactl --hardware` lists them
 
 Placement
-  -n N, no hostfile         N ranks on this host (Slurm: srun places them)
+  -n N, no hostfile         N ranks on this host (Slurm: on the allocation's nodes,
+                            at most SLURM_NTASKS)
   --hostfile F              hosts from F, each taking --npernode ranks, or its slots;
                             n is their sum, or -n N fills the hosts in file order
   -H h1:K1,h2:K2            the same hosts and slots on the command line (`h1` = `h1:1`)
@@ -110,13 +113,19 @@ Failures and exit codes
 
 Mechanics
   The launcher runs `mpirun` found next to its Python interpreter, else on PATH
-  (Open MPI or MPICH, told apart by `mpirun --version`), or `srun` inside a Slurm
-  allocation (SLURM_JOB_ID set). Open MPI gets --bind-to none (its default would
-  bind each rank, threads and all, to one core), --allow-run-as-root when run as
-  root, and --oversubscribe when more ranks than physical cores run on this host.
-  Every rank runs the program under tarantella/launcher/rank_wrapper.py (threads,
-  pinning, output, exit records); interpreter and wrapper must exist at the same
-  paths on every host. --log-level INFO or DEBUG also prints the command.
+  (Open MPI or MPICH, told apart by `mpirun --version`), also inside a Slurm
+  allocation (SLURM_JOB_ID set): there mpirun reads the allocation's nodes and
+  tasks and starts its daemons with srun, while srun alone would give Open MPI 5
+  ranks that each are alone in a world of 1 (no PMIx). Only where no mpirun is
+  found does it use srun. Settings reach the ranks through mpirun's -x, so sbatch
+  --export=NONE does not lose them; sbatch -c C gives each rank C threads
+  (OMP_NUM_THREADS, TF_NUM_INTRAOP_THREADS). Open MPI gets --bind-to none (its
+  default would bind each rank, threads and all, to one core), --allow-run-as-root
+  when run as root, and --oversubscribe when more ranks than physical cores run on
+  this host outside Slurm. Every rank runs the program under
+  tarantella/launcher/rank_wrapper.py (threads, pinning, output, start and exit
+  records); interpreter and wrapper must exist at the same paths on every host.
+  --log-level INFO or DEBUG also prints the command.
 """
 from __future__ import annotations
 

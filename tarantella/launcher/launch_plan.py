@@ -7,8 +7,8 @@ Placement rules (see also the manual in cli.py):
                         given) when --npernode is absent; n is the sum
   --hostfile/-H and -n  hosts are filled in file order up to those numbers; asking
                         for more ranks than they offer is an error
-  -n, no hostfile       all ranks on this host (inside a Slurm allocation: srun
-                        places them in the allocation)
+  -n, no hostfile       all ranks on this host (inside a Slurm allocation: mpirun
+                        places them on the allocation's nodes, at most SLURM_NTASKS)
   neither               1 rank on this host (in Slurm: SLURM_NTASKS ranks if set)
 """
 from __future__ import annotations
@@ -50,7 +50,9 @@ class LaunchPlan:
     output_all: bool                    # --output-on-all-devices
     errors_all: bool                    # --log-on-all-devices
     pin_prefixes: tuple[str, ...] = ()  # numactl prefix per local rank; () = no pinning
-    threads_per_rank: int | None = None  # thread default when pinned (CPUs of one NUMA node)
+    threads_per_rank: int | None = None  # thread default: pinned, the CPUs of one NUMA node;
+                                         # in Slurm, SLURM_CPUS_PER_TASK
+    in_slurm: bool = False              # inside an allocation, which places the ranks
     launch_agent: str | None = None     # --launch-agent: starts MPI's daemons on other hosts
     network_interface: str | None = None  # --network-interface: interface name or subnet
 
@@ -87,6 +89,11 @@ def program_command(program: list[str], interpreter: str | None,
     return command
 
 
+def _slurm_int(environ: Mapping[str, str], name: str) -> int | None:
+    value = environ.get(name, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def _placement(args, environ: Mapping[str, str], launcher_kind: str):
     """(nranks, hosts, ranks_per_host)."""
     if args.nranks is not None and args.nranks < 1:
@@ -115,8 +122,13 @@ def _placement(args, environ: Mapping[str, str], launcher_kind: str):
             placed.append((host.name, take))
             left -= take
         return nranks, tuple(placed), max(take for _, take in placed)
-    if launcher_kind == SLURM:
-        nranks = args.nranks or int(environ.get("SLURM_NTASKS", "0") or 0) or 1
+    if environ.get("SLURM_JOB_ID"):  # the allocation places the ranks
+        tasks = _slurm_int(environ, "SLURM_NTASKS")
+        nranks = args.nranks or tasks or 1
+        if tasks and nranks > tasks and launcher_kind != SLURM:
+            raise PlanError(
+                f"-n {nranks} asks for more ranks than Slurm job {environ['SLURM_JOB_ID']} has "
+                f"tasks (SLURM_NTASKS={tasks}); lower -n or allocate more (sbatch/salloc -n)")
         return nranks, (), args.npernode
     if args.nranks is not None and args.npernode is not None and args.nranks != args.npernode:
         raise PlanError(
@@ -129,6 +141,7 @@ def _placement(args, environ: Mapping[str, str], launcher_kind: str):
 def make_plan(args, environ: Mapping[str, str], launcher_kind: str,
               probe_numa: Callable[[], list] = pinning.probe_numa_nodes) -> LaunchPlan:
     nranks, hosts, ranks_per_host = _placement(args, environ, launcher_kind)
+    in_slurm = bool(environ.get("SLURM_JOB_ID")) and not hosts
     program = program_command(list(args.program), args.python_interpreter, environ.get("PATH"))
     exported = parse_exports(args.exports)
     settings = resolve_setting_env(args, exported, environ)
@@ -158,8 +171,10 @@ def make_plan(args, environ: Mapping[str, str], launcher_kind: str,
             pinning.check_ranks_fit(ranks_per_host, nodes)
         prefixes = tuple(pinning.numactl_prefixes(nodes, membind=args.pin_memory_to_socket))
         threads = min(len(node.cpus) for node in nodes)
+    elif in_slurm:
+        threads = _slurm_int(environ, "SLURM_CPUS_PER_TASK")  # sbatch -c: each rank's CPUs
 
-    return LaunchPlan(nranks=nranks, hosts=hosts, npernode=args.npernode,
+    return LaunchPlan(nranks=nranks, hosts=hosts, npernode=args.npernode, in_slurm=in_slurm,
                       ranks_per_host=ranks_per_host, program=tuple(program), rank_env=rank_env,
                       output_all=config.output_on_all_devices, errors_all=config.log_on_all_devices,
                       pin_prefixes=prefixes, threads_per_rank=threads,

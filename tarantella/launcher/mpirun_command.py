@@ -13,7 +13,9 @@ Open MPI specifics
                         for, is numactl's job (--pin-to-socket)
   --oversubscribe       when, without a hostfile, more ranks than physical cores are
                         asked for (Open MPI would refuse to start them otherwise);
-                        with a hostfile each host gets exactly its ranks as slots
+                        with a hostfile each host gets exactly its ranks as slots;
+                        inside a Slurm allocation the allocation's tasks are the slots
+                        (Note [mpirun inside Slurm] in mpi_detect.py)
   --mca plm_rsh_agent CMD                    from --launch-agent CMD (how mpirun starts
                         its daemon on another host; Open MPI's default is ssh)
   --mca btl_tcp_if_include X --mca oob_tcp_if_include X
@@ -48,7 +50,7 @@ def rank_command(plan: LaunchPlan, python: str | None = None) -> list[str]:
         command += ["--errors", "all"]
     for prefix in plan.pin_prefixes:
         command += ["--local-rank-prefix", prefix]
-    if plan.pin_prefixes and plan.threads_per_rank:
+    if plan.threads_per_rank:
         command += ["--threads-per-rank", str(plan.threads_per_rank)]
     return command + ["--", *plan.program]
 
@@ -62,13 +64,13 @@ def _openmpi(plan: LaunchPlan, launcher: MpiLauncher, local: LocalHost) -> list[
     if local.is_root:
         command.append("--allow-run-as-root")
     command += ["--bind-to", "none"]
-    if not plan.hosts and plan.nranks > local.physical_cores:
+    if not plan.hosts and not plan.in_slurm and plan.nranks > local.physical_cores:
         command.append("--oversubscribe")
     command += ["-n", str(plan.nranks)]
     if plan.hosts:
         command += ["--host", _host_list(plan)]
-        if plan.npernode:
-            command += ["--map-by", f"ppr:{plan.npernode}:node"]
+    if plan.npernode and (plan.hosts or plan.in_slurm):
+        command += ["--map-by", f"ppr:{plan.npernode}:node"]
     if plan.launch_agent:
         command += ["--mca", "plm_rsh_agent", plan.launch_agent]
     if plan.network_interface:

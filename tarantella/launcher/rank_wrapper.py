@@ -62,7 +62,8 @@ Note [Thread defaults]
   Each rank gets its share of the CPUs it may run on: the CPUs of its affinity
   mask divided by the ranks on its node (at least 1). With pinning, the launcher
   passes --threads-per-rank (the CPUs of one NUMA node), because the numactl
-  binding applies to the program, not to this wrapper. TF_NUM_INTEROP_THREADS is 2:
+  binding applies to the program, not to this wrapper; inside a Slurm allocation it
+  passes SLURM_CPUS_PER_TASK (sbatch -c), the CPUs the allocation gives each task. TF_NUM_INTEROP_THREADS is 2:
   inter-op threads mostly dispatch kernels and wait, and with two of them one can
   wait in a blocking collective (a FinishAllreduce op) while the other keeps the
   backward pass going; more would compete with the intra-op threads for the rank's
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
         else (os.cpu_count() or 1)
     env.update(thread_defaults(env, cpus, me.local_size,
-                               args.threads_per_rank if args.local_rank_prefix else None))
+                               args.threads_per_rank))
 
     tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
     stop = _Stop()

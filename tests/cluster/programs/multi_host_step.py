@@ -19,7 +19,9 @@ rank, size = world.rank, world.size
 found = {"rank": rank, "size": size, "host": socket.gethostname(),
          "on_one_node": world.on_one_node,
          "mpi_local_rank": int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "-1")),
-         "mpi_local_size": int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "-1"))}
+         "mpi_local_size": int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "-1")),
+         "omp_threads": os.environ.get("OMP_NUM_THREADS"),
+         "timeout_seconds": tnt.runtime.settings().timeout_seconds}
 for name in ("node_count", "local_rank", "local_size"):  # the engine's node layout, if exposed
     if hasattr(world, name):
         found[name] = getattr(world, name)

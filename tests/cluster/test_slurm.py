@@ -1,0 +1,100 @@
+"""tarantella under a real (one-node) Slurm: sbatch and salloc jobs form one world,
+train alike on every rank, keep their settings without --export, end when a rank
+fails; and srun without the launcher is stopped, not run as N copies
+(tests/cluster/slurm_fixture.py starts and stops the daemons)."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+
+import pytest
+
+from tests.cluster.slurm_fixture import slurm  # noqa: F401  (the fixture)
+from tests.multirank import REPO_ROOT
+
+PROGRAM = os.path.join(REPO_ROOT, "tests", "cluster", "programs", "multi_host_step.py")
+LAUNCHER = [sys.executable, "-m", "tarantella.launcher"]
+# --export=NONE: the job starts with Slurm's variables only, so the launcher's
+# settings must travel with mpirun (-x), not with srun's environment.
+JOB_ENV = f"cd {shlex.quote(REPO_ROOT)} && export PYTHONPATH={shlex.quote(REPO_ROOT)} " \
+          f"TF_CPP_MIN_LOG_LEVEL=2 &&"
+
+
+def _results(text: str) -> dict[int, dict]:
+    found = {}
+    for line in text.splitlines():
+        if "RESULT " in line:
+            values = json.loads(line[line.index("RESULT ") + len("RESULT "):])
+            found[values["rank"]] = values
+    return found
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_sbatch_job_trains_alike_on_all_ranks(slurm, tmp_path):
+    out = tmp_path / "job.out"
+    command = shlex.join([*LAUNCHER, "--timeout", "123", "--output-on-all-devices", "--",
+                          PROGRAM])
+    done = slurm.run(["sbatch", "-n", "2", "-c", "1", "--export=NONE", "--wait", "-o", str(out),
+                      "--wrap", f"{JOB_ENV} {command}"], timeout=280)
+    text = out.read_text() if out.exists() else ""
+    assert done.returncode == 0, done.stderr + text
+    found = _results(text)
+    assert sorted(found) == [0, 1], text
+    for values in found.values():
+        assert values["size"] == 2 and values["allreduce_ok"]
+        assert values["omp_threads"] == "1"          # sbatch -c 1
+        assert values["timeout_seconds"] == 123.0    # the flag, without --export
+        assert values["weights_changed"] and values["serial_difference"] < 1e-5
+    assert len({values["weights_sha256"] for values in found.values()}) == 1, found
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_salloc_runs_the_launcher_on_the_allocation(slurm):
+    done = slurm.run(["salloc", "-n", "2", *LAUNCHER, "--output-on-all-devices", "--",
+                      PROGRAM, "layout-only"], timeout=100, cwd=REPO_ROOT,
+                     env={"PYTHONPATH": REPO_ROOT})
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = _results(done.stdout)
+    assert sorted(found) == [0, 1] and all(v["size"] == 2 for v in found.values()), done.stdout
+
+
+FAIL_RANK_1 = ("import sys, time, tarantella as tnt\n"
+               "if tnt.get_rank() == 1:\n"
+               "    print('rank 1 gives up', file=sys.stderr, flush=True); sys.exit(3)\n"
+               "time.sleep(120)\n")
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_a_failing_rank_ends_the_sbatch_job(slurm, tmp_path):
+    script, out = tmp_path / "fail.py", tmp_path / "job.out"
+    script.write_text(FAIL_RANK_1)
+    start = time.monotonic()
+    done = slurm.run(["sbatch", "-n", "2", "--wait", "-o", str(out), "--wrap",
+                      f"{JOB_ENV} {shlex.join([*LAUNCHER, '--', str(script)])}"], timeout=100)
+    text = out.read_text()
+    assert done.returncode == 3, done.stderr + text        # the job's exit code: rank 1's
+    assert time.monotonic() - start < 60, text
+    assert "tarantella: error: rank 1 of 2 failed first: it exited with code 3 on host " in text
+    assert "rank 1 gives up" in text
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(120)
+def test_srun_without_the_launcher_stops_instead_of_training_copies(slurm, tmp_path):
+    """srun gives Open MPI 5 no PMIx here: each task would be rank 0 of 1."""
+    out = tmp_path / "job.out"
+    program = "import tarantella as tnt; print('size', tnt.get_size(), flush=True)"
+    srun = shlex.join(["srun", "-n", "2", sys.executable, "-c", program])
+    done = slurm.run(["sbatch", "-n", "2", "--wait", "-o", str(out), "--wrap",
+                      f"{JOB_ENV} {srun}"], timeout=100)
+    text = out.read_text()
+    assert done.returncode != 0, text
+    assert "size 1" not in text
+    assert text.count("WorldSizeError: this rank is alone in its MPI world, but srun started "
+                      "2 ranks (SLURM_STEP_NUM_TASKS=2)") == 2, text
