@@ -7,7 +7,7 @@ import pytest
 import tarantella as tnt
 from tarantella import _engine
 
-ALGORITHMS = ["auto", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "mpi"]
+ALGORITHMS = ["auto", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "hierarchical", "mpi"]
 
 
 def test_plain_python_is_a_one_rank_job():
@@ -102,3 +102,30 @@ def test_reducer_timeline_is_ordered():
         reducer.wait(tensor, np.empty(10, np.float32))
     for queued, started, finished in reducer.last_step_times():
         assert 0 < queued <= started <= finished
+
+
+def test_node_layout_closing_and_the_reduction_counter():
+    world = tnt.Group.world()
+    assert (world.node_count, world.local_rank, world.local_size, world.failed) == (1, 0, 1, False)
+    assert world._handle.choose_algorithm(1 << 20) == "shared_memory"
+    sub = world.split(0)
+    assert tnt.allreduce(np.ones(2), group=sub).tolist() == [1, 1]
+    sub.close()
+    sub.close()  # closing twice is harmless
+    with pytest.raises(ValueError, match="this process group is closed"):
+        tnt.allreduce(np.ones(2), group=sub)
+    with pytest.raises(ValueError, match="closes with the engine at exit"):
+        world.close()
+    before = _engine.reductions_performed()
+    reducer = _engine.Reducer([(5, "float32"), (3, "float64")], 0, "sum", "auto", world._handle)
+    for step in range(3):
+        reducer.ready(0, np.ones(5, np.float32))
+        reducer.ready(1, np.ones(3))
+        reducer.wait(0, np.empty(5, np.float32))
+        reducer.wait(1, np.empty(3))
+    assert reducer.reductions_completed == 3 * reducer.bucket_count == 6
+    assert _engine.reductions_performed() - before == 6
+    reducer.close()
+    with pytest.raises(ValueError, match="closed"):
+        reducer.ready(0, np.ones(5, np.float32))
+    assert issubclass(tnt.GroupFailedError, tnt.EngineError)
