@@ -44,7 +44,7 @@ from tarantella.data import distributed_dataset, order_check, user_input
 from tarantella.keras import callbacks as rank_callbacks
 from tarantella.keras import class_weights, distributed_optimizer, metric_reduction, models, overlap, tf_steps, \
     user_steps
-from tarantella.keras import gradient_reduction
+from tarantella.keras import empty_micro_batch, gradient_reduction
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras.parallel_strategy import ParallelStrategy
 
@@ -380,9 +380,10 @@ class Model(keras.Model):
                 distributed_optimizer.distribute_optimizer(optimizer)
         callable_model = type(self._model).call is not keras.Model.call or not self._own_logic
         if callable_model and (not self._model.built or not self.built):
-            element = next(iter(dataset.take(1)))
-            x, _, _ = keras.utils.unpack_x_y_sample_weight(element[distributed_dataset.DATA])
-            self(x, training=False)
+            # From the element spec, not a real element: taking one would start an extra pass of the
+            # pipeline (and move a seeded reshuffling on by an epoch).
+            x, _, _ = keras.utils.unpack_x_y_sample_weight(dataset.element_spec[distributed_dataset.DATA])
+            self(tf.nest.map_structure(empty_micro_batch.sample_like, x), training=False)
         self._synchronize_weights()
 
     def _synchronize_weights(self) -> None:
