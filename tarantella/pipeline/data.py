@@ -1,10 +1,16 @@
-"""Global batches for a pipelined model.
+"""The input of a pipelined model: each replica's part of the global batches.
 
-Every rank of a pipeline iterates the same global batches (stage 0 needs the
-inputs, the last stage the targets; the others only the batch sizes); each
-rank then takes its replica's part and cuts it into micro-batches
-(`micro_batches`). Shuffling uses a seed shared by all ranks, so all see the
-same order.
+`replica_batches` gives every rank its replica's part of each global batch
+(the data-parallel stream of tarantella/data with the replicas as its ranks:
+a tf.data pipeline is rewritten so that a replica maps only its own samples,
+arrays are gathered row by row), with the batch's global size. The first
+stage keeps the inputs, the last stage the targets and sample weights, a
+middle stage only the sizes (the parts a stage does not use are dropped from
+the stream, so they are never handed to the step; a tf.data map that computes
+inputs and targets together still computes both). The step cuts the part into
+micro-batches (`micro_batch_bounds`). Shuffling uses a seed shared by all
+ranks, so all see the same order. `global_batches` builds the global batches
+themselves (arrays cut by `batch_size`, or the user's batched dataset).
 """
 from __future__ import annotations
 
@@ -12,9 +18,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella.data import batching
+from tarantella.data import batching, distributed_dataset, user_input
 
-__all__ = ["global_batches", "split_for_validation", "replica_part", "micro_batch_bounds"]
+__all__ = ["global_batches", "replica_batches", "split_for_validation", "replica_part", "micro_batch_bounds"]
 
 DEFAULT_BATCH_SIZE = 32
 
@@ -39,6 +45,35 @@ def global_batches(x, y=None, sample_weight=None, *, batch_size=None, shuffle=Fa
         count = len(keras.tree.flatten(parts)[0])
         dataset = dataset.shuffle(count, seed=seed, reshuffle_each_iteration=True)
     return dataset.batch(DEFAULT_BATCH_SIZE if batch_size is None else int(batch_size))
+
+
+def replica_batches(x, y=None, sample_weight=None, *, batch_size=None, shuffle=False, seed=0, what="batch_size",
+                    batch_map=None, num_replicas: int, replica: int, first_stage: bool,
+                    last_stage: bool) -> tf.data.Dataset:
+    """This replica's part of each global batch of the input (as `global_batches` cuts it), as
+    tarantella.data's elements, holding only what this rank's stage uses. `batch_map` (Keras's class
+    weights) runs on the global batches: each replica then reads them in full."""
+    if isinstance(x, tf.data.Dataset) or batch_map is not None:
+        batches = global_batches(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, what=what)
+        stream = user_input.distribute(batches if batch_map is None else batches.map(batch_map),
+                                       size=num_replicas, rank=replica)
+    else:  # arrays: a replica gathers its own rows only
+        if x is None:
+            raise TypeError("tarantella: no input data given")
+        x, y, sample_weight = (None if part is None else _lists_as_tuples(keras.tree.map_structure(np.asarray, part))
+                               for part in (x, y, sample_weight))
+        stream = user_input.distribute(x, y, sample_weight, shuffle=shuffle, seed=seed, what=what,
+                                       batch_size=DEFAULT_BATCH_SIZE if batch_size is None else int(batch_size),
+                                       size=num_replicas, rank=replica)
+
+    def keep_stage_parts(element):
+        data = element[distributed_dataset.DATA]
+        parts = list(data) if isinstance(data, tuple) else [data]
+        keep = [first_stage] + [last_stage] * (len(parts) - 1)
+        parts = [part if kept else tf.zeros([0]) for part, kept in zip(parts, keep)]
+        return {**element, distributed_dataset.DATA: tuple(parts) if isinstance(data, tuple) else parts[0]}
+
+    return stream.map(keep_stage_parts)
 
 
 def _lists_as_tuples(tree):

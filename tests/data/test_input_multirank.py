@@ -1,29 +1,16 @@
 """Every input kind on 1 and 2 ranks through the launcher (programs/input_kinds.py runs all checks in one launch):
 training equal to serial Keras, each rank's pipeline mapping about 1/N of the samples, the order-mismatch errors."""
-import json
 import os
 
 import pytest
 
+from tests.keras.test_data_parallel import results  # {check: {rank: values}} from RESULT lines
 from tests.multirank import run_ranks
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs", "input_kinds.py")
 TOLERANCE = 1e-5  # as tests/keras/test_data_parallel.py
 TIMEOUT = 400
 N, BATCH, EPOCHS = 96, 12, 2  # as in the program
-
-
-def results(run, n):
-    by_check = {}
-    for rank, text in run.rank_stdout.items():
-        for line in text.splitlines():
-            if line.startswith("RESULT "):
-                values = json.loads(line[len("RESULT "):])
-                assert values["rank"] == rank and values["size"] == n
-                by_check.setdefault(values["check"], {})[rank] = values
-    for check, per_rank in by_check.items():
-        assert sorted(per_rank) == list(range(n)), f"{check}: results from ranks {sorted(per_rank)}"
-    return by_check
 
 
 @pytest.mark.multirank

@@ -1,0 +1,81 @@
+"""One process: PyDataset, generator and pipelined-model input against their global batches, and input errors."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tarantella.data import distributed_dataset as dd, user_input
+from tarantella.pipeline import data as pipeline_data
+
+X = np.arange(30 * 2, dtype=np.float32).reshape(30, 2)
+Y = np.arange(30, dtype=np.int64)
+
+
+class Batches(keras.utils.PyDataset):
+    def __init__(self):
+        super().__init__()
+        self.epochs_ended = 0
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        return X[index * 8:(index + 1) * 8], Y[index * 8:(index + 1) * 8]
+
+    def on_epoch_end(self):
+        self.epochs_ended += 1
+
+
+def side_by_side(make, size):
+    streams = [[tf.nest.map_structure(lambda t: t.numpy(), e) for e in make(rank)] for rank in range(size)]
+    assert len({len(s) for s in streams}) == 1
+    return [tf.nest.map_structure(lambda *p: np.concatenate(p), *[s[b][dd.DATA] for s in streams])
+            for b in range(len(streams[0]))]
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_py_dataset_and_generator_give_their_batches_in_parts(size):
+    expected = [Batches()[i] for i in range(4)]
+    for make in (lambda rank: user_input.distribute(Batches(), size=size, rank=rank),
+                 lambda rank: user_input.distribute((b for b in expected), size=size, rank=rank)):
+        for got, want in zip(side_by_side(make, size), expected):
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_py_dataset_shuffle_is_the_same_on_every_rank_and_ends_epochs():
+    data = Batches()
+    stream = user_input.distribute(data, shuffle=True, seed=3, size=2, rank=0)
+    first = [e[dd.DATA][1].numpy()[0] for e in stream]
+    second = [e[dd.DATA][1].numpy()[0] for e in user_input.distribute(Batches(), shuffle=True, seed=3, size=2, rank=1)]
+    assert sorted(first) == [0, 8, 16, 24] and [f // 8 for f in first] == [s // 8 for s in second]
+    assert data.epochs_ended == 1
+
+
+@pytest.mark.parametrize("bad,message", [
+    (dict(x=Batches(), y=Y), "pass targets and sample weights inside it"),
+    (dict(x=Batches(), batch_size=8), "cannot be used with a keras.utils.PyDataset"),
+    (dict(x=Batches(), micro_batch_size=2), "tnt_micro_batch_size applies to unbatched"),
+    (dict(x=tf.data.Dataset.range(4), batch_size=2), "batch the input with the global batch size"),
+    (dict(x="not data"), "unsupported input of type str"),
+])
+def test_bad_inputs_get_one_line_errors(bad, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        user_input.distribute(**bad, size=2, rank=0)
+
+
+@pytest.mark.parametrize("kind", ["arrays", "dataset"])
+def test_a_pipeline_stage_gets_its_replicas_part_and_only_what_it_uses(kind):
+    def make(replica, first, last):
+        x = tf.data.Dataset.from_tensor_slices((X, Y)).batch(10) if kind == "dataset" else X
+        return pipeline_data.replica_batches(x, None if kind == "dataset" else Y, batch_size=None if kind == "dataset"
+                                             else 10, num_replicas=2, replica=replica, first_stage=first,
+                                             last_stage=last)
+    for first, last in ((True, False), (False, True), (False, False)):
+        parts = [[e for e in make(replica, first, last)] for replica in range(2)]
+        for b in range(3):
+            x = np.concatenate([p[b][dd.DATA][0].numpy() for p in parts])
+            y = np.concatenate([p[b][dd.DATA][1].numpy() for p in parts])
+            assert all(int(p[b][dd.GLOBAL_SIZE]) == 10 for p in parts)
+            np.testing.assert_array_equal(x, X[b * 10:(b + 1) * 10] if first else np.zeros([0]))
+            np.testing.assert_array_equal(y, Y[b * 10:(b + 1) * 10] if last else np.zeros([0]))
