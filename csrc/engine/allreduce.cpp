@@ -85,7 +85,7 @@ void Allreducer::check_same_call(const AllreduceCall& call, Algorithm algorithm)
                              static_cast<long long>(call.op), static_cast<long long>(algorithm)};
   std::vector<long long> all(4 * group_->size());
   try {
-    group_->allgather(mine, sizeof mine, all.data());
+    group_->allgather(mine, sizeof mine, all.data(), "allreduce (checking that all ranks call it alike)");
   } catch (...) {
     if (group_->failed()) quarantine(std::move(all));  // Note [Memory that a failed collective may still write]
     throw;

@@ -111,7 +111,7 @@ void FusedReducer::check_same_layout(std::size_t fusion_threshold_bytes) {
   ProcessGroup& group = allreducer_->group();
   std::vector<std::uint64_t> all(6 * group.size());
   try {
-    group.allgather(mine, sizeof mine, all.data());
+    group.allgather(mine, sizeof mine, all.data(), "gradient reducer set-up (checking the ranks' layouts)");
   } catch (...) {
     if (group.failed()) quarantine(std::move(all));  // Note [Memory that a failed collective may still write]
     throw;

@@ -112,7 +112,15 @@ void ProcessGroup::wait_all(std::vector<MPI_Request>& requests, const std::vecto
         // A partner both sent to and received from is named once.
         std::sort(missing.begin(), missing.end());
         missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
-        return missing.empty() ? std::string("the group's other ranks") : describe_ranks(missing);
+        if (!missing.empty()) return describe_ranks(missing);
+        // A collective does not say who is missing: name the others while that stays short.
+        std::vector<int> others;
+        for (int r = 0; r < size_; ++r) {
+          if (r != rank_) others.push_back(r);
+        }
+        if (others.size() == 1) return describe_ranks(others);
+        if (others.size() <= 8) return "one or more of " + describe_ranks(others);
+        return std::string("one or more of the group's other ranks");
       });
 }
 
@@ -136,12 +144,12 @@ void ProcessGroup::broadcast(void* data, std::size_t bytes, int root) {
   });
 }
 
-void ProcessGroup::allgather(const void* in, std::size_t bytes, void* out) {
-  guarded("allgather", [&] {
+void ProcessGroup::allgather(const void* in, std::size_t bytes, void* out, const char* what) {
+  guarded(what, [&] {
     std::vector<MPI_Request> request(1);
     TNT_MPI(MPI_Iallgather(in, checked_count(bytes), MPI_BYTE, out, checked_count(bytes), MPI_BYTE, comm_,
                            &request[0]));
-    wait_all(request, {}, "allgather");
+    wait_all(request, {}, what);
   });
 }
 

@@ -74,8 +74,8 @@ class ProcessGroup {
   // Collectives; each waits under the group's deadline.
   void barrier();
   void broadcast(void* data, std::size_t bytes, int root);
-  // out holds size() * bytes.
-  void allgather(const void* in, std::size_t bytes, void* out);
+  // out holds size() * bytes; `what` names the call in a timeout message.
+  void allgather(const void* in, std::size_t bytes, void* out, const char* what = "allgather");
   // Blocks of different sizes; returns every rank's block, in rank order.
   std::vector<std::vector<char>> allgatherv(const void* in, std::size_t bytes);
 
