@@ -86,6 +86,9 @@ def _add_scaling(commands):
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (default 1800)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--timeline", metavar="DIR",
+                        help="record each measured run's timeline (Chrome/Perfetto trace) as "
+                             "DIR/<model>_<framework>_x<devices>.json (tarantella --timeline)")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
 
 
@@ -169,7 +172,7 @@ def _scaling(args, argv) -> int:
         oversubscribe=args.oversubscribe, simulate=args.simulate, cluster=args.cluster,
         model_profile=args.model_profile,
         out=args.out or f"results/{args.model}_{args.framework}", timeout_s=args.timeout,
-        seed=args.seed, plots=not args.no_plots, progress=not args.quiet,
+        seed=args.seed, timeline_dir=args.timeline, plots=not args.no_plots, progress=not args.quiet,
         command="tnt-bench " + shlex.join(argv))
     summary = run_scaling(options)
     _print_points(summary)

@@ -14,7 +14,9 @@ Per model, with one compute thread per rank and the same micro-batch per rank (w
 Figures (summary.json): weak-scaling efficiency = step time at 1 rank / step time at 2
 ranks (same micro-batch: 1.0 is perfect), for tnt, tnt_no_overlap and mwms; tnt's 1-rank
 overhead = tnt 1-rank step time / keras step time - 1; the share of gradient allreduce
-time hidden behind backprop (from the reducer's bucket times).
+time overlapped with backprop and the exposed communication per step, from each tnt run's
+timeline (Note [Overlap share] in tarantella/keras/overlap.py; traces kept in <out>/timelines/,
+open them in ui.perfetto.dev; --no-timeline leaves them out, and the overlap figures with them).
 Rows of runs.csv: one per run, with every step time, machine, commit and versions.
 """
 from __future__ import annotations
@@ -38,8 +40,16 @@ CONFIGS = (("keras", 1), ("tnt", 1), ("tnt", 2), ("tnt_no_overlap", 2), ("mwms",
 TAG = "TNT_BENCH_RESULT "
 
 
-def _run(model, mode, ranks, args) -> dict:
+def _timeline_path(model, mode, ranks, repeat, args) -> str | None:
+    if args.no_timeline or not mode.startswith("tnt"):
+        return None
+    return os.path.join(args.out, "timelines", f"{model}_{mode}_x{ranks}_r{repeat}.json")
+
+
+def _run(model, mode, ranks, args, repeat=0) -> dict:
+    timeline = _timeline_path(model, mode, ranks, repeat, args)
     command = [sys.executable, "-m", "tarantella.launcher", "-n", str(ranks),
+               *(["--timeline", timeline] if timeline else []),
                "-x", "OMP_NUM_THREADS=1", "-x", "TF_NUM_INTRAOP_THREADS=1", "-x", "TF_NUM_INTEROP_THREADS=1",
                "--", PROGRAM, "--model", model, "--mode", mode, "--micro-batch", str(args.micro_batch[model]),
                "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps)]
@@ -50,6 +60,11 @@ def _run(model, mode, ranks, args) -> dict:
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{model} {mode} x{ranks} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     row = json.loads(lines[-1][len(TAG):])
+    if timeline and os.path.exists(timeline):
+        from tarantella.keras.overlap import overlap_from_trace, overlap_summary
+        summary = overlap_summary(overlap_from_trace(timeline), skip_steps=args.warmup_steps)
+        if summary:
+            row["communication"] = dict(summary, timeline=os.path.relpath(timeline, args.out))
     row.update(command=" ".join(command), started=started, load_average_1m=round(os.getloadavg()[0], 2))
     return row
 
@@ -83,9 +98,9 @@ def _figures(rows, models, best_run) -> dict:
     figures = {}
     for model in models:
         step = {f"{mode}_x{ranks}": _median_step(rows, model, mode, ranks, best_run) for mode, ranks in CONFIGS}
-        hidden = [row["communication"]["hidden_fraction"] for row in rows
+        hidden = [row["communication"]["overlap_share"] for row in rows
                   if row["model"] == model and row["mode"] == "tnt" and row["ranks"] == 2 and "communication" in row]
-        hidden_no_overlap = [row["communication"]["hidden_fraction"] for row in rows if row["model"] == model
+        hidden_no_overlap = [row["communication"]["overlap_share"] for row in rows if row["model"] == model
                              and row["mode"] == "tnt_no_overlap" and "communication" in row]
         exposed = [row["communication"]["exposed_s"] for row in rows
                    if row["model"] == model and row["mode"] == "tnt" and row["ranks"] == 2 and "communication" in row]
@@ -96,8 +111,8 @@ def _figures(rows, models, best_run) -> dict:
             "weak_scaling_efficiency_tnt_no_overlap": ratio("tnt_x1", "tnt_no_overlap_x2"),
             "weak_scaling_efficiency_mwms_keras2": ratio("mwms_x1", "mwms_x2"),
             "one_rank_overhead_vs_keras": (ratio("tnt_x1", "keras_x1") - 1) if ratio("tnt_x1", "keras_x1") else None,
-            "allreduce_hidden_fraction": statistics.mean(hidden) if hidden else None,
-            "allreduce_hidden_fraction_no_overlap": statistics.mean(hidden_no_overlap) if hidden_no_overlap else None,
+            "allreduce_overlap_share": statistics.mean(hidden) if hidden else None,
+            "allreduce_overlap_share_no_overlap": statistics.mean(hidden_no_overlap) if hidden_no_overlap else None,
             "allreduce_exposed_s": statistics.mean(exposed) if exposed else None,
         }
     return figures
@@ -114,6 +129,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=1200)
     parser.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "data_parallel"))
     parser.add_argument("--summarize-only", action="store_true", help="recompute summary.json from runs.csv")
+    parser.add_argument("--no-timeline", action="store_true",
+                        help="record no timelines (and so no overlap figures) for the tnt runs")
     args = parser.parse_args(argv)
     args.micro_batch = {model: args.micro_batch for model in args.models}
     os.makedirs(args.out, exist_ok=True)
@@ -123,7 +140,7 @@ def main(argv=None) -> int:
         for model in args.models:
             for mode, ranks in configs:
                 try:
-                    row = _run(model, mode, ranks, args)
+                    row = _run(model, mode, ranks, args, repeat)
                 except (RuntimeError, subprocess.TimeoutExpired) as failure:
                     # One configuration failing must not throw away the rows measured so far.
                     print(f"{model} {mode} x{ranks}: not measured: {str(failure).splitlines()[0]}", flush=True)
@@ -131,7 +148,7 @@ def main(argv=None) -> int:
                 row["repeat"] = repeat
                 rows.append(row)
                 print(f"{model:18} {mode:15} x{ranks}  median step {statistics.median(row['step_times_s']):.3f} s"
-                      + (f"  hidden {row['communication']['hidden_fraction']:.0%}" if "communication" in row else ""),
+                      + (f"  overlap share {row['communication']['overlap_share']:.0%}" if "communication" in row else ""),
                       flush=True)
     context = {"machine": describe_machine(), "source": describe_source(), "python": sys.version.split()[0]}
     if args.summarize_only:

@@ -51,6 +51,13 @@ def _parse_log_level(text: str) -> str:
     return level
 
 
+def _parse_timeline_path(text: str) -> str:
+    path = text.strip()
+    if path and os.path.isdir(path):
+        raise ValueError(f"expected a file name for the trace, got the directory {text!r}")
+    return os.path.abspath(path) if path else ""
+
+
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "hierarchical", "mpi")
 
 
@@ -103,6 +110,10 @@ SETTINGS: tuple[Setting, ...] = (
             "(progress bar, checkpoints, loggers) on every rank", True),
     Setting("no_gpu", "TNT_NO_GPU", "--no-gpu", False, _parse_bool, "",
             "hide all GPUs from the ranks and run on the CPU", True),
+    Setting("timeline", "TNT_TIMELINE", "--timeline", "", _parse_timeline_path, "",
+            "write a Chrome/Perfetto trace of the training (steps, backward pass, per-bucket allreduce, "
+            "optimizer update, metric reduction, pipeline passes) to this file, merged from every rank at "
+            "exit; empty: off (see Note [Timeline span names] in tarantella/timeline/names.py)"),
 )
 
 _BY_ENV = {setting.env: setting for setting in SETTINGS}
@@ -119,6 +130,7 @@ class Config:
     log_on_all_devices: bool
     output_on_all_devices: bool
     no_gpu: bool
+    timeline: str = ""
 
     @property
     def fusion_threshold_bytes(self) -> int:

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     class StepTimes(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self.times, self.profiles, self._last = [], [], None
+            self.times, self._last = [], None
 
         def on_train_batch_begin(self, batch, logs=None):
             if self._last is None:
@@ -81,9 +81,6 @@ def main(argv=None) -> int:
             now = time.perf_counter()
             self.times.append(now - self._last)
             self._last = now
-            profile = getattr(self.model, "communication_profile", None)
-            if profile is not None and profile() is not None:
-                self.profiles.append(profile())
 
     keras.utils.set_random_seed(args.seed)
     global_batch = args.micro_batch * size
@@ -106,16 +103,11 @@ def main(argv=None) -> int:
     if rank != 0:
         return 0
     timed = timer.times[args.warmup_steps:]
-    profiles = timer.profiles[args.warmup_steps:]
     result = {"model": entry.name, "mode": args.mode, "ranks": size, "micro_batch": args.micro_batch,
               "global_batch": global_batch, "steps": args.steps, "warmup_steps": args.warmup_steps,
               "step_times_s": timed, "parameters": int(model.count_params()),
               "threads_per_rank": tf.config.threading.get_intra_op_parallelism_threads(),
               "versions": {"tensorflow": tf.__version__, "keras": keras.__version__}}
-    if profiles:
-        result["communication"] = {key: sum(p[key] for p in profiles) / len(profiles)
-                                   for key in ("communication_s", "hidden_s", "exposed_s", "hidden_fraction")}
-        result["communication"]["buckets"] = profiles[-1]["buckets"]
     print("TNT_BENCH_RESULT " + json.dumps(result, sort_keys=True), flush=True)
     return 0
 

@@ -28,6 +28,7 @@ class SweepOptions:
     out: str = "results/sweep"
     timeout_s: float = 1800.0           # per run
     seed: int = 1
+    timeline_dir: str | None = None     # each measured run writes <dir>/<model>_<framework>_x<devices>.json
     plots: bool = True
     progress: bool = True
     command: str = ""

@@ -33,6 +33,9 @@ def launch_command(options: SweepOptions, devices: int, micro_batch: int,
         command += ["--launch-agent", options.launch_agent]
     if options.network_interface:
         command += ["--network-interface", options.network_interface]
+    if options.timeline_dir:  # Note [Timeline files] in tarantella/timeline/session.py
+        command += ["--timeline", os.path.join(options.timeline_dir,
+                                               f"{options.model}_{options.framework}_x{devices}.json")]
     command += ["-x", "TF_CPP_MIN_LOG_LEVEL=2", "--", PROGRAM, "--model", options.model,
                 "--framework", options.framework, "--global-batch", str(micro_batch * devices),
                 "--steps", str(options.steps), "--warmup-steps", str(options.warmup_steps),

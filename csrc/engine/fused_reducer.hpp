@@ -95,6 +95,9 @@ class FusedReducer {
   std::size_t bucket_of(std::size_t tensor) const;
   std::size_t bucket_bytes(std::size_t bucket) const;
   std::vector<BucketTimes> last_step_times() const;
+  // steady_clock time (seconds since its epoch: CLOCK_MONOTONIC, Python's time.monotonic) that the
+  // BucketTimes count from, so a timeline can place them beside other events of the process.
+  double clock_origin() const { return std::chrono::duration<double>(start_.time_since_epoch()).count(); }
   // Bucket allreduces the progress thread finished successfully since the reducer was made.
   std::uint64_t reductions_completed() const { return reductions_completed_.load(std::memory_order_acquire); }
   // The same, summed over every reducer this process ever made (closed ones too).

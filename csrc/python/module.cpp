@@ -321,6 +321,7 @@ PYBIND11_MODULE(_engine, m) {
       .def_property_readonly("reductions_completed", [](Reducer& r) { return r.get()->reductions_completed(); })
       .def("bucket_of", [](Reducer& r, std::size_t tensor) { return r.get()->bucket_of(tensor); })
       .def("bucket_bytes", [](Reducer& r, std::size_t bucket) { return r.get()->bucket_bytes(bucket); })
+      .def_property_readonly("clock_origin", [](Reducer& r) { return r.get()->clock_origin(); })
       .def("last_step_times", [](Reducer& r) {
         std::vector<std::tuple<double, double, double>> times;
         for (const auto& t : r.get()->last_step_times()) times.emplace_back(t.queued, t.started, t.finished);

@@ -29,6 +29,7 @@ from typing import Callable
 import keras
 
 from tarantella.keras import gradient_reduction
+from tarantella.timeline import graph_marks
 
 __all__ = ["StepContext", "step_context", "distribute_optimizer", "optimizers_of"]
 
@@ -83,7 +84,9 @@ def distribute_optimizer(optimizer: keras.optimizers.Optimizer) -> keras.optimiz
                                                  context.share, allreducer_for, context.overlap)
         for index, grad in zip(present, summed):
             grads[index] = grad
-        return local_apply(grads, variables)
+        applied = local_apply(grads, variables)
+        graph_marks.mark_after_updates(variables)  # timeline only
+        return applied
 
     optimizer.apply = apply
     optimizer._tnt_distributed = True

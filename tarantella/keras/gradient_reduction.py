@@ -11,6 +11,8 @@ from typing import Callable
 
 import tensorflow as tf
 
+from tarantella.timeline import graph_marks
+
 __all__ = ["dense_gradients", "weighted_sum"]
 
 
@@ -36,12 +38,12 @@ def weighted_sum(gradients, variables, share, allreducer_for: Callable, overlap:
     `share` is this rank's n_r / N (a scalar tensor), or None when the gradients are already weighted.
     Registered in backprop order (the reverse of the variables) so that buckets fill as backprop runs.
     A rank with share 0 (no samples) contributes exact zeros even if its gradients are not finite."""
-    dense = dense_gradients(gradients, variables)
+    dense = graph_marks.mark_each(dense_gradients(gradients, variables), graph_marks.GRADIENT)  # timeline only
     if share is not None:
         dense = [_weighted(gradient, share) for gradient in dense]
     in_backprop_order = dense[::-1]
     summed = allreducer_for(in_backprop_order)(in_backprop_order, overlap=overlap)
-    return summed[::-1]
+    return graph_marks.mark_each(summed[::-1], graph_marks.REDUCED)
 
 
 def _weighted(gradient: tf.Tensor, share) -> tf.Tensor:

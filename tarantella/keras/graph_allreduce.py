@@ -58,6 +58,10 @@ class GraphAllreducer:
         """(queued, started, finished) per bucket in the last step, seconds on the reducer's clock."""
         return self._reducer.last_step_times()
 
+    def clock_origin(self) -> float:
+        """time.monotonic() seconds that last_step_times count from (for tarantella.timeline)."""
+        return self._reducer.clock_origin
+
     def matches(self, tensors) -> bool:
         return (len(tensors) == len(self.shapes)
                 and all(t.shape == s and t.dtype == d for t, s, d in zip(tensors, self.shapes, self.dtypes)))

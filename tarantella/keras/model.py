@@ -47,6 +47,8 @@ from tarantella.keras import class_weights, distributed_optimizer, metric_reduct
 from tarantella.keras import empty_micro_batch, gradient_reduction
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras.parallel_strategy import ParallelStrategy
+from tarantella import timeline
+from tarantella.timeline import step_events
 
 __all__ = ["Model"]
 
@@ -330,6 +332,8 @@ class Model(keras.Model):
         # tnt-repro's recorder (only under `tnt-repro check`) runs on every rank.
         callbacks = list(rank_callbacks.callbacks_for_this_rank(callbacks) or []) + repro_hook.extra_callbacks()
         callbacks += order_check.callbacks(train=train, test=validation)  # collective, on every rank
+        if timeline.enabled():  # Note [Timeline span names]
+            callbacks.append(step_events.TimelineCallback(lambda: list(self._allreducers)))
         self._validation_dataset = validation
         try:
             return super().fit(train, epochs=epochs, verbose=rank_callbacks.verbosity_for_this_rank(verbose),

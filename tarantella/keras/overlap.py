@@ -1,27 +1,68 @@
-"""How much of a step's gradient communication overlapped backprop, from the
-reducer's per-bucket times (FusedReducer::last_step_times).
+"""How much of a step's gradient communication overlapped backprop, from a timeline file alone.
 
-A bucket is queued when its last gradient is ready; the last bucket queued
-marks the end of backprop. Communication before that moment is hidden behind
-computation; what runs after it is exposed (the step waits for it).
+Note [Overlap share]
+Per rank and step the timeline has a span `backward` (first gradient op to the
+last gradient produced, timed by marks on the gradients themselves) and one
+span `allreduce` per gradient bucket (the progress thread's reduction). The
+overlap share of a step is the part of the allreduce busy time that lies before
+the backward span's end, over the whole allreduce busy time: communication done
+while backprop still computes is hidden; what runs after the last gradient
+exists is exposed. Exposed communication is the time from the last gradient to
+the end of the last allreduce. With overlap_communication=False no allreduce
+starts before every gradient exists, so the share is about 0 there. (The former
+measure took the moment the last bucket was QUEUED as the end of backprop; in
+the no-overlap mode the start ops queue buckets one after another after backprop,
+so it called a quarter of that mode's communication hidden.)
 """
 from __future__ import annotations
 
+import statistics
 from typing import Sequence
 
-__all__ = ["communication_profile"]
+from tarantella.timeline import names, trace_file
+
+__all__ = ["step_overlap", "overlap_from_trace", "overlap_summary", "communication_profile"]
+
+
+def step_overlap(allreduce_spans: Sequence[tuple[float, float]], backward_end: float) -> dict:
+    """allreduce_spans: (start, end) per bucket; backward_end: when the last gradient was produced (same clock)."""
+    communication = sum(end - start for start, end in allreduce_spans)
+    hidden = sum(max(0.0, min(end, backward_end) - start) for start, end in allreduce_spans)
+    last_end = max((end for _, end in allreduce_spans), default=backward_end)
+    return {"buckets": len(allreduce_spans), "communication_s": communication, "hidden_s": hidden,
+            "exposed_s": max(0.0, last_end - backward_end),
+            "overlap_share": hidden / communication if communication > 0 else 0.0}
+
+
+def overlap_from_trace(trace: dict | str) -> list[dict]:
+    """One row per (rank, step) that has a `backward` span and `allreduce` spans (a trace dict or its file)."""
+    trace = trace_file.read_trace(trace) if isinstance(trace, str) else trace
+    backward, allreduces = {}, {}
+    for event in trace_file.spans(trace):
+        key = (event["pid"], event.get("args", {}).get("step"))
+        if event["name"] == names.BACKWARD:
+            backward[key] = (event["ts"] + event["dur"]) * 1e-6
+        elif event["name"] == names.ALLREDUCE:
+            allreduces.setdefault(key, []).append((event["ts"] * 1e-6, (event["ts"] + event["dur"]) * 1e-6))
+    rows = []
+    for key in sorted(set(backward) & set(allreduces), key=lambda k: (k[0], -1 if k[1] is None else k[1])):
+        rows.append({"rank": key[0], "step": key[1], **step_overlap(allreduces[key], backward[key])})
+    return rows
+
+
+def overlap_summary(rows: list[dict], skip_steps: int = 0) -> dict | None:
+    """Means over the steps (from `skip_steps` on, e.g. to leave out the tracing step) and ranks."""
+    kept = [row for row in rows if row["step"] is None or row["step"] >= skip_steps]
+    if not kept:
+        return None
+    return {"steps": len({row["step"] for row in kept}), "ranks": len({row["rank"] for row in kept}),
+            "buckets": kept[-1]["buckets"],
+            **{key: statistics.mean(row[key] for row in kept)
+               for key in ("communication_s", "hidden_s", "exposed_s", "overlap_share")}}
 
 
 def communication_profile(bucket_times: Sequence[tuple[float, float, float]]) -> dict:
-    """bucket_times: (queued, started, finished) per bucket, seconds on one clock.
-
-    Returns seconds of allreduce in total, hidden (before backprop ended) and
-    exposed (from the end of backprop to the last bucket's end), and the hidden fraction."""
-    if not bucket_times:
-        return {"buckets": 0, "communication_s": 0.0, "hidden_s": 0.0, "exposed_s": 0.0, "hidden_fraction": 0.0}
-    backprop_end = max(queued for queued, _, _ in bucket_times)
-    communication = sum(finished - started for _, started, finished in bucket_times)
-    hidden = sum(max(0.0, min(finished, backprop_end) - started) for _, started, finished in bucket_times)
-    exposed = max(0.0, max(finished for _, _, finished in bucket_times) - backprop_end)
-    return {"buckets": len(bucket_times), "communication_s": communication, "hidden_s": hidden,
-            "exposed_s": exposed, "hidden_fraction": hidden / communication if communication > 0 else 0.0}
+    """From the reducer's (queued, started, finished) per bucket: buckets and allreduce busy seconds.
+    The reducer does not know when backprop ended: the overlap comes from the timeline (overlap_from_trace)."""
+    return {"buckets": len(bucket_times),
+            "communication_s": sum(finished - started for _, started, finished in bucket_times)}

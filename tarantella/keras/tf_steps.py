@@ -23,6 +23,7 @@ import tensorflow as tf
 from tarantella.data import distributed_dataset
 from tarantella.keras import empty_micro_batch, metric_reduction
 from tarantella.keras.gradient_reduction import dense_gradients  # noqa: F401  (exact mode imports it from here)
+from tarantella.timeline import graph_marks
 
 __all__ = ["unpack", "train_step", "test_step", "predict_step", "with_positions"]
 
@@ -55,10 +56,11 @@ def train_step(model, data):
         y_pred = model(x, training=True)
         loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
         share = tf.cast(local_size, loss.dtype) / tf.cast(global_size, loss.dtype)  # Note [Loss of the global batch]
-        scaled = model.optimizer.scale_loss(loss * share)
+        scaled = graph_marks.mark(model.optimizer.scale_loss(loss * share), graph_marks.LOSS)  # timeline only
     variables = model.trainable_variables
     gradients = tape.gradient(scaled, variables)
     model.optimizer.apply(model.reduce_gradients(gradients, variables), variables)
+    graph_marks.mark_after_updates(variables)  # timeline only
     model.loss_tracker.update_state(loss, sample_weight=local_size)
     return _global_metrics(model, x, y, y_pred, sample_weight, restorer, local_size)
 

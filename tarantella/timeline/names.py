@@ -1,0 +1,50 @@
+"""The names of the timeline's tracks and spans: one home, documented here.
+
+Note [Timeline span names]
+Each rank is one process of the trace ("rank R"); its tracks (threads):
+  step       python: `train_step` per fit step (args: step) = the call of the
+             compiled step from Keras's loop; `backward` per step, from the
+             first gradient op (the scaled loss exists; with a model's own
+             train_step: the first gradient produced) to the last gradient
+             produced (args: step, gradients); `optimizer_update` from the first
+             reduced gradient delivered to the end of the optimizer's apply
+             (args: step).
+  reducer    the gradient reducer's progress thread: per bucket an instant
+             `bucket_ready` when its last gradient was handed over, and a span
+             `allreduce` (args: step, bucket, bytes) while it is reduced.
+  metrics    the metric-state reduction: span `metric_allreduce` per bucket
+             (args: step, bucket, bytes).
+  pipeline   pipeline passes and transfers (tarantella.timeline.span callers).
+  python     any other tarantella.timeline.span(name, ...) of the program.
+A program computes the overlap from these names alone
+(tarantella.keras.overlap.overlap_from_trace).
+"""
+from __future__ import annotations
+
+__all__ = ["TRACKS", "DOCUMENTED", "track_id", "STEP", "BACKWARD", "OPTIMIZER", "ALLREDUCE", "BUCKET_READY",
+           "METRIC_ALLREDUCE"]
+
+TRACKS = ("step", "reducer", "metrics", "pipeline", "python")
+
+STEP = "train_step"
+BACKWARD = "backward"
+OPTIMIZER = "optimizer_update"
+ALLREDUCE = "allreduce"
+BUCKET_READY = "bucket_ready"
+METRIC_ALLREDUCE = "metric_allreduce"
+
+DOCUMENTED = {
+    STEP: "step track: one fit step (args: step)",
+    BACKWARD: "step track: first gradient op to last gradient produced (args: step, gradients)",
+    OPTIMIZER: "step track: first reduced gradient delivered to the end of the optimizer update (args: step)",
+    BUCKET_READY: "reducer track, instant: a bucket's last gradient was handed to the reducer (args: step, bucket)",
+    ALLREDUCE: "reducer track: a gradient bucket's allreduce (args: step, bucket, bytes)",
+    METRIC_ALLREDUCE: "metrics track: a metric-state bucket's allreduce (args: step, bucket, bytes)",
+}
+
+
+def track_id(track: str) -> int:
+    """Stable thread id of a track (known tracks first, in TRACKS order)."""
+    if track in TRACKS:
+        return TRACKS.index(track) + 1
+    return len(TRACKS) + 1 + (sum(map(ord, track)) % 1000)

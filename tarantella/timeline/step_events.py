@@ -1,0 +1,67 @@
+"""Per fit step: the step, its backward pass, optimizer update and the reducers' buckets, as timeline events.
+
+A Keras callback (added by tnt.Model.fit while the timeline is on) reads after
+each train batch what the step noted in-graph (graph_marks) and what the
+engine's reducers timed for their buckets (FusedReducer::last_step_times,
+placed on this process's clock with the reducer's clock_origin). Nothing of
+this runs inside the compiled step. With steps_per_execution > 1 the reducers
+report only the last step of a call.
+"""
+from __future__ import annotations
+
+import time
+
+import keras
+
+from tarantella.timeline import graph_marks, names, session
+
+__all__ = ["TimelineCallback", "record_step"]
+
+
+def record_step(step: int, begin: float, end: float, marks, allreducers) -> None:
+    """Turn one step's marks and reducer times into events of this rank's recorder.
+    allreducers: (purpose, GraphAllreducer) pairs; purposes "gradients..." and "metrics"."""
+    recorder = session.recorder()
+    recorder.complete(names.STEP, "step", begin, end, step=step)
+    by_event: dict[str, list[float]] = {}
+    for event, when in marks:
+        if begin <= when <= end:
+            by_event.setdefault(event, []).append(when)
+    gradients = by_event.get(graph_marks.GRADIENT, [])
+    if gradients:
+        first = min(by_event.get(graph_marks.LOSS, gradients))
+        recorder.complete(names.BACKWARD, "step", first, max(gradients), step=step, gradients=len(gradients))
+    reduced, updated = by_event.get(graph_marks.REDUCED, []), by_event.get(graph_marks.UPDATED, [])
+    if reduced and updated:
+        recorder.complete(names.OPTIMIZER, "step", min(reduced), max(updated), step=step)
+    for purpose, allreducer in allreducers:
+        track, span = ("metrics", names.METRIC_ALLREDUCE) if purpose == "metrics" else ("reducer", names.ALLREDUCE)
+        try:
+            origin, times, sizes = allreducer.clock_origin(), allreducer.last_step_times(), allreducer.bucket_bytes()
+        except (RuntimeError, ValueError):  # a closed reducer
+            continue
+        for bucket, ((queued, started, finished), size) in enumerate(zip(times, sizes)):
+            if not begin <= origin + started <= end:  # this reducer did not run in this step
+                continue
+            if track == "reducer":
+                recorder.instant(names.BUCKET_READY, track, origin + queued, step=step, bucket=bucket)
+            recorder.complete(span, track, origin + started, origin + finished, step=step, bucket=bucket, bytes=size)
+
+
+class TimelineCallback(keras.callbacks.Callback):
+    """Records each train batch of a tnt.Model on the timeline; `allreducers()` gives the model's reducers."""
+
+    def __init__(self, allreducers):
+        super().__init__()
+        self._allreducers = allreducers
+        self._begin = 0.0
+        self._step = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._begin = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None):
+        end = time.monotonic()
+        marks = graph_marks.drain()
+        record_step(self._step, self._begin, end, marks, self._allreducers())
+        self._step += 1
