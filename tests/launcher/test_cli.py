@@ -12,6 +12,7 @@ from tarantella.config import SETTINGS
 from tarantella.launcher import main
 from tarantella.launcher.cli import MANUAL
 from tarantella.launcher.mpi_detect import MPICH, OPENMPI, find_launcher, flavour_of
+from tarantella.launcher.mpirun_command import WRAPPER_PATH
 from tarantella.launcher.rank_wrapper import THREAD_VARIABLES
 
 from .dry_run import (MPICH_LAUNCHER, OPENMPI_LAUNCHER, ROOT_HOST, USER_HOST, dry_run,
@@ -285,21 +286,44 @@ def fake_slurm(tmp_path):
             "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}, str(srun)
 
 
-def test_slurm_command_uses_srun(capsys, script, fake_slurm):
+def test_slurm_runs_mpirun_inside_the_allocation(capsys, script, fake_slurm):
+    """Note [mpirun inside Slurm]: srun would give Open MPI 5 ranks alone in worlds of 1."""
     environ, srun = fake_slurm
+    environ = {**environ, "SLURM_CPUS_PER_TASK": "3"}
+    command = dry_run(capsys, ["-x", "A=1", script], environ=environ, launcher=None,
+                      local_host=ROOT_HOST)
+    start = launcher_part(command)
+    assert os.path.basename(start[0]) == "mpirun" and srun not in start
+    assert start[start.index("-n") + 1] == "6"                 # SLURM_NTASKS
+    assert "--oversubscribe" not in start and "--host" not in start  # the allocation places
+    assert exported(command)["A"] == "1" and exported(command)["TNT_WORLD_SIZE"] == "6"
+    wrapper = command[command.index(WRAPPER_PATH):]
+    assert wrapper[wrapper.index("--threads-per-rank") + 1] == "3"  # sbatch -c 3
+    with_npernode = launcher_part(dry_run(capsys, ["-n", "4", "--npernode", "2", script],
+                                          environ=environ, launcher=None))
+    assert with_npernode[with_npernode.index("--map-by") + 1] == "ppr:2:node"
+
+
+def test_slurm_refuses_more_ranks_than_tasks(capsys, script, fake_slurm):
+    environ, _ = fake_slurm
+    code = main(["-n", "7", script], environ=environ, launcher=OPENMPI_LAUNCHER,
+                local_host=USER_HOST)
+    err = capsys.readouterr().err
+    assert code == 2 and "SLURM_NTASKS=6" in err and err.count("\n") == 1
+
+
+def test_srun_only_where_no_mpirun_is_found(capsys, script, fake_slurm, tmp_path):
+    environ, srun = fake_slurm
+    environ = {**environ, "PATH": os.path.dirname(srun)}
+    launcher = find_launcher(environ, executable=str(tmp_path / "no-venv" / "python"))
+    assert (launcher.kind, launcher.path, launcher.slurm_job) == ("slurm", srun, "4242")
     command = dry_run(capsys, ["-n", "4", "--npernode", "2", "-x", "A=1", script],
-                      environ=environ, launcher=None)
+                      environ=environ, launcher=launcher)
     start = launcher_part(command)
     assert start[0] == "env"
     at = start.index(srun)
     assert start[at:] == [srun, "-n", "4", "--ntasks-per-node=2", "--kill-on-bad-exit=1"]
     assert exported(command)["A"] == "1" and exported(command)["TNT_LAUNCHED"] == "1"
-
-
-def test_slurm_takes_its_rank_count_from_the_allocation(capsys, script, fake_slurm):
-    environ, srun = fake_slurm
-    start = launcher_part(dry_run(capsys, [script], environ=environ, launcher=None))
-    assert start[start.index(srun):] == [srun, "-n", "6", "--kill-on-bad-exit=1"]
 
 
 def test_slurm_dry_run_end_to_end(script, fake_slurm):
@@ -308,4 +332,4 @@ def test_slurm_dry_run_end_to_end(script, fake_slurm):
                            script], capture_output=True, text=True, timeout=60,
                           env={**environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0, done.stderr
-    assert f" {srun} -n 2 --kill-on-bad-exit=1 " in done.stdout
+    assert "mpirun" in done.stdout.split()[0] and " -n 2 " in done.stdout
