@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella import collectives, runtime
+from tarantella.data import distributed_dataset
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras import callbacks as rank_callbacks
 from tarantella.keras.metric_reduction import metric_variables, results_from_state
@@ -314,14 +315,19 @@ class PipelinedModel(keras.Model):
         """The tf.function of a train, test or predict step (retraced per batch size)."""
         if mode not in self._step_functions:
             self._step_functions[mode] = tf.function(
-                lambda inputs, targets, weights, start, global_size: self._step_graph(
-                    mode, inputs, targets, weights, start, global_size))
+                lambda inputs, targets, weights, start, global_size, is_part: self._step_graph(
+                    mode, inputs, targets, weights, start, global_size, is_part))
         return self._step_functions[mode]
 
     def _run(self, data, mode: str):
-        """Collective over the replica's stages: one step; returns the traced function's result."""
+        """Collective over the replica's stages: one step; returns the traced function's result.
+        `data` is the global batch, or (from pipeline_data.replica_batches) the replica's part of it."""
+        is_part = distributed_dataset.is_distributed_element(data)
+        if is_part:
+            global_size, data = int(data[distributed_dataset.GLOBAL_SIZE]), data[distributed_dataset.DATA]
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        global_size = int(tf.shape(keras.tree.flatten(x if x is not None else y)[0])[0])
+        if not is_part:
+            global_size = int(tf.shape(keras.tree.flatten(x if x is not None else y)[0])[0])
         check_micro_batches(global_size, self.placement.num_replicas, self.num_micro_batches)
         inputs = self._flat_inputs(x) if self.placement.is_first_stage else None
         last = self.placement.is_last_stage
@@ -329,7 +335,7 @@ class PipelinedModel(keras.Model):
             self.optimizer.build(self.stage_model.trainable_variables)
         began = time.time()
         result = self._step_function(mode)(inputs, y if last else None, sample_weight if last else None,
-                                            tf.constant(0, tf.int32), global_size)
+                                            tf.constant(0, tf.int32), global_size, is_part)
         self.runner.record(self._passes(mode), result["times"], began, time.time())
         return result
 
@@ -339,10 +345,11 @@ class PipelinedModel(keras.Model):
                                  self.placement.stage)
         return [Pass(FORWARD, m) for m in range(self.num_micro_batches)]
 
-    def _step_graph(self, mode, inputs, targets, weights, start, global_size: int):
+    def _step_graph(self, mode, inputs, targets, weights, start, global_size: int, is_part: bool = False):
         """Traced: this rank's whole step (Note [The schedule inside one graph] in compiled_step.py)."""
         training = mode == "train"
         first, count = pipeline_data.replica_part(global_size, self.placement.num_replicas, self.placement.replica)
+        first = 0 if is_part else first  # the input is already this replica's part
         part = lambda tree: None if tree is None else keras.tree.map_structure(  # noqa: E731
             lambda t: t[first:first + count], tree)
         sizes = tuple(b - a for a, b in pipeline_data.micro_batch_bounds(count, self.num_micro_batches))
@@ -390,8 +397,13 @@ class PipelinedModel(keras.Model):
         return self._publish_logs()
 
     def predict_step(self, data):
-        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        result = self._run((x,), "predict")
+        if distributed_dataset.is_distributed_element(data):
+            x, _, _ = keras.utils.unpack_x_y_sample_weight(data[distributed_dataset.DATA])
+            data = {**data, distributed_dataset.DATA: (x,)}
+        else:
+            x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+            data = (x,)
+        result = self._run(data, "predict")
         mine = None
         if self.placement.is_last_stage and "predictions" in result:
             mine = [p.numpy() for p in result["predictions"]]
@@ -469,6 +481,11 @@ class PipelinedModel(keras.Model):
 
     # --- fit / evaluate / predict ------------------------------------------------------------
 
+    def _replica_input(self) -> dict:
+        """Where this rank reads (tarantella/pipeline/data.py replica_batches)."""
+        return dict(num_replicas=self.placement.num_replicas, replica=self.placement.replica,
+                    first_stage=self.placement.is_first_stage, last_stage=self.placement.is_last_stage)
+
     def _check_batches(self, x, batch_size) -> None:
         """Before training: arrays cut into global batches (the last one possibly smaller) that the
         replicas' micro-batches must divide; a dataset's batches are checked at each step."""
@@ -492,17 +509,18 @@ class PipelinedModel(keras.Model):
         self._check_batches(x, batch_size)
         if validation_data is not None and not isinstance(validation_data, tf.data.Dataset):
             self._check_batches(validation_data[0], validation_batch_size or batch_size)
-        train = pipeline_data.global_batches(x, y, sample_weight, batch_size=batch_size,
-                                             shuffle=bool(shuffle) and not isinstance(x, tf.data.Dataset), seed=seed)
-        if class_weight:
-            # As Keras: per-sample weights from the class of each target (single-output models).
-            train = train.map(make_class_weight_map_fn(class_weight))
+        # As Keras: per-sample weights from the class of each target (single-output models).
+        train = pipeline_data.replica_batches(x, y, sample_weight, batch_size=batch_size,
+                                              shuffle=bool(shuffle) and not isinstance(x, tf.data.Dataset), seed=seed,
+                                              batch_map=make_class_weight_map_fn(class_weight) if class_weight else None,
+                                              **self._replica_input())
         validation = None
         if validation_data is not None:
             vx, vy, vsw = (keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
                            if isinstance(validation_data, (tuple, list)) else (validation_data, None, None))
-            validation = pipeline_data.global_batches(
-                vx, vy, vsw, batch_size=None if isinstance(vx, tf.data.Dataset) else (validation_batch_size or batch_size))
+            validation = pipeline_data.replica_batches(
+                vx, vy, vsw, batch_size=None if isinstance(vx, tf.data.Dataset) else (validation_batch_size or batch_size),
+                **self._replica_input())
         return super().fit(train, epochs=epochs, verbose=rank_callbacks.verbosity_for_this_rank(verbose),
                            callbacks=rank_callbacks.callbacks_for_this_rank(callbacks), validation_data=validation,
                            shuffle=False, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
@@ -511,13 +529,13 @@ class PipelinedModel(keras.Model):
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None, steps=None,
                  callbacks=None, return_dict=False, **kwargs):
         self._check_batches(x, batch_size)
-        data = pipeline_data.global_batches(x, y, sample_weight, batch_size=batch_size, what="batch_size")
+        data = pipeline_data.replica_batches(x, y, sample_weight, batch_size=batch_size, **self._replica_input())
         return super().evaluate(data, verbose=rank_callbacks.verbosity_for_this_rank(verbose), steps=steps,
                                 callbacks=rank_callbacks.callbacks_for_this_rank(callbacks), return_dict=return_dict,
                                 **kwargs)
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
         self._check_batches(x, batch_size)
-        data = pipeline_data.global_batches(x, batch_size=batch_size)
+        data = pipeline_data.replica_batches(x, batch_size=batch_size, **self._replica_input())
         return super().predict(data, verbose=rank_callbacks.verbosity_for_this_rank(verbose), steps=steps,
                                callbacks=rank_callbacks.callbacks_for_this_rank(callbacks))
