@@ -1,7 +1,15 @@
-"""Global batches -> per-rank micro-batches.
+"""Global batches -> per-rank micro-batches, each rank reading only its own samples where it can.
 
+user_input           THE entry point: any user input (tf.data, arrays, PyDataset, generator) -> this
+                     rank's micro-batch stream (`distribute`); used by fit/evaluate/predict and
+                     tnt.distribute_dataset
+rank_pipeline        a batched tf.data pipeline rewritten so that each rank maps only its own samples
+                     (Note [Rewriting the user's pipeline]); the plan, or why it falls back
+dataset_graph        the links of a tf.data pipeline read from its Python objects, re-applied elsewhere
+distributed_dataset  the stream's element format; slicing of global batches read in full; arrays
+python_input         keras.utils.PyDataset and generators as tf.data pipelines of global batches
+from_function        distribute_datasets_from_function: each rank builds its own pipeline (file sharding)
+order_check          the ranks must agree on the sample order: a first-batch fingerprint, compared
 batching             the arithmetic only (no TensorFlow): micro-batch sizes and offsets
-distributed_dataset  tf.data pipelines yielding this rank's micro-batches
-user_input           what fit/evaluate/predict accept, turned into such a pipeline
 """
 __all__: list[str] = []
