@@ -32,6 +32,7 @@ _LAZY = {
     "reduce_gradients": ("tarantella.keras.custom_loop", "reduce_gradients"),
     "distribute_dataset": ("tarantella.keras.custom_loop", "distribute_dataset"),
     "broadcast_variables": ("tarantella.keras.custom_loop", "broadcast_variables"),
+    "distribute_datasets_from_function": ("tarantella.data.from_function", "distribute_datasets_from_function"),
 }
 
 
@@ -54,6 +55,6 @@ __all__ = [
     "Group", "allreduce", "broadcast", "allgather", "barrier", "allgather_object", "broadcast_object",
     "MismatchError", "CollectiveTimeoutError", "EngineError", "GroupFailedError",
     "Model", "ParallelStrategy", "models", "keras", "data", "pipeline", "set_deterministic",
-    "reduce_gradients", "distribute_dataset", "broadcast_variables",
+    "reduce_gradients", "distribute_dataset", "broadcast_variables", "distribute_datasets_from_function",
     "__version__",
 ]

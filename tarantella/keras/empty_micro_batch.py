@@ -19,7 +19,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-__all__ = ["with_placeholder", "Restorer"]
+__all__ = ["with_placeholder", "Restorer", "sample_like"]
 
 
 def _sample_count(batch) -> tuple[tf.Tensor, int | None]:
@@ -33,6 +33,12 @@ def _placeholder(tensor: tf.Tensor) -> tf.Tensor:
     if tensor.dtype == tf.string:
         return tf.fill(shape, "")
     return tf.zeros(shape, tensor.dtype)
+
+
+def sample_like(spec: tf.TensorSpec) -> tf.Tensor:
+    """One placeholder sample (zeros, or empty strings) of a batch with this spec; unknown sizes become 1."""
+    shape = [1] + [1 if size is None else size for size in spec.shape[1:]]
+    return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
 
 
 def with_placeholder(batch):

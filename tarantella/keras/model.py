@@ -191,9 +191,9 @@ class Model(keras.Model):
         self._close_allreducers()
 
     def _compile_direct(self, optimizer="rmsprop", loss=None, metrics=None, **kwargs):
+        _check_loss_reduction(loss)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False, **kwargs)
         # The wrapped model is compiled alike (sharing the optimizer) so that its saved file is complete.
-        _check_loss_reduction(loss)
         self._model.compile(optimizer=self.optimizer, loss=loss, metrics=metrics, jit_compile=False, **kwargs)
         self._close_allreducers()
 
