@@ -183,37 +183,36 @@ class _PinningError(Exception):
     pass
 
 
-def encode_exit_record(record: dict) -> bytes:
-    return (EXIT_RECORD_MARKER + json.dumps(record, separators=(",", ":")) + "\n").encode()
+def _encode_record(marker: str, record: dict) -> bytes:
+    return (marker + json.dumps(record, separators=(",", ":")) + "\n").encode()
 
 
-def encode_start_record(rank: int, host: str) -> bytes:
-    """The line announcing that a rank's wrapper runs (Note [Start records])."""
-    return (START_RECORD_MARKER + json.dumps({"rank": rank, "host": host},
-                                             separators=(",", ":")) + "\n").encode()
-
-
-def decode_start_record(text: str) -> dict | None:
-    if not text.startswith(START_RECORD_MARKER):
+def _decode_record(marker: str, text: str) -> dict | None:
+    """The record in a line that starts with `marker`, or None if it is damaged."""
+    if not text.startswith(marker):
         return None
     try:
-        record = json.loads(text[len(START_RECORD_MARKER):])
+        record = json.loads(text[len(marker):])
     except ValueError:
         return None
     return record if isinstance(record, dict) and isinstance(record.get("rank"), int) else None
 
 
+def encode_exit_record(record: dict) -> bytes:
+    return _encode_record(EXIT_RECORD_MARKER, record)
+
+
 def decode_exit_record(text: str) -> dict | None:
-    """The record in a line that starts with EXIT_RECORD_MARKER, or None if it is damaged."""
-    if not text.startswith(EXIT_RECORD_MARKER):
-        return None
-    try:
-        record = json.loads(text[len(EXIT_RECORD_MARKER):])
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or not isinstance(record.get("rank"), int):
-        return None
-    return record
+    return _decode_record(EXIT_RECORD_MARKER, text)
+
+
+def encode_start_record(rank: int, host: str) -> bytes:
+    """The line announcing that a rank's wrapper runs (Note [Start records])."""
+    return _encode_record(START_RECORD_MARKER, {"rank": rank, "host": host})
+
+
+def decode_start_record(text: str) -> dict | None:
+    return _decode_record(START_RECORD_MARKER, text)
 
 
 def _write_all(fd: int, data: bytes) -> None:

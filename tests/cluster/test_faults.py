@@ -7,17 +7,14 @@ import pytest
 
 from tests.cluster.fault_matrix import FAULTS, MARGIN_SECONDS, START_LIMIT, run_fault
 
+# start, the fault, the end and the leftovers check, with room to spare
+HARD_LIMIT = START_LIMIT + max(fault.timeout for fault in FAULTS) + MARGIN_SECONDS + 60
+
 
 @pytest.mark.multirank
+@pytest.mark.timeout(HARD_LIMIT)
 @pytest.mark.parametrize("fault", FAULTS, ids=[fault.name for fault in FAULTS])
 def test_a_fault_ends_the_job_and_names_its_cause(netns_cluster, fault):
-    # a hard limit of its own: start, the fault, the end, the leftovers check
-    pytest.importorskip("pytest_timeout")
     cluster = netns_cluster(hosts=2, slots=1)
     row = run_fault(fault, cluster)
     assert row.problems() == [], row
-
-
-for _fault_test in (test_a_fault_ends_the_job_and_names_its_cause,):
-    pytest.mark.timeout(START_LIMIT + max(f.timeout for f in FAULTS) + MARGIN_SECONDS + 60)(
-        _fault_test)

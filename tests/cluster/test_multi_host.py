@@ -2,24 +2,15 @@
 the engine's view of the nodes, and a training step equal on every rank."""
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
+from tests.cluster.results import rank_results
 from tests.multirank import run_ranks
 
 PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-
-
-def rank_results(run) -> dict[int, dict]:
-    found = {}
-    for rank, text in run.rank_stdout.items():
-        for line in text.splitlines():
-            if line.startswith("RESULT "):
-                found[rank] = json.loads(line[len("RESULT "):])
-    return found
 
 
 @pytest.mark.multirank
@@ -32,7 +23,7 @@ def test_a_job_spans_the_hosts_and_trains_alike_on_all(netns_cluster, hosts, slo
     run = run_ranks(n, os.path.join(PROGRAMS, "multi_host_step.py"),
                     args=[] if train else ["layout-only"],
                     launcher_args=cluster.launcher_args(), env=ENV, timeout=200).check()
-    found = rank_results(run)
+    found = rank_results(run.stdout)
     assert sorted(found) == list(range(n)), run.describe()
     for rank, values in found.items():
         # block placement: ranks fill the hostfile's hosts in order

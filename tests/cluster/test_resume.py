@@ -3,25 +3,16 @@
 for bit."""
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
+from tests.cluster.results import rank_results
 from tests.multirank import run_ranks
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs",
                        "resume_training.py")
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-
-
-def _results(run) -> dict[int, dict]:
-    found = {}
-    for rank, text in run.rank_stdout.items():
-        for line in text.splitlines():
-            if line.startswith("RESULT "):
-                found[rank] = json.loads(line[len("RESULT "):])
-    return found
 
 
 @pytest.mark.multirank
@@ -40,7 +31,7 @@ def test_a_killed_two_host_job_resumes_to_the_uninterrupted_weights(netns_cluste
     assert cluster.wait_until_clean(10) == {}
     again = run_ranks(2, PROGRAM, args=[str(state)], launcher_args=args, env=ENV,
                       timeout=180).check()
-    expected, resumed = _results(reference), _results(again)
+    expected, resumed = rank_results(reference.stdout), rank_results(again.stdout)
     assert sorted(resumed) == [0, 1], again.describe()
     for rank in (0, 1):
         assert resumed[rank]["epochs_run"] == [1, 2], resumed   # epoch 2 again, then 3

@@ -4,7 +4,6 @@ fails; and srun without the launcher is stopped, not run as N copies
 (tests/cluster/slurm_fixture.py starts and stops the daemons)."""
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
@@ -13,6 +12,7 @@ import time
 import pytest
 
 from tests.cluster.slurm_fixture import slurm  # noqa: F401  (the fixture)
+from tests.cluster.results import rank_results
 from tests.multirank import REPO_ROOT
 
 PROGRAM = os.path.join(REPO_ROOT, "tests", "cluster", "programs", "multi_host_step.py")
@@ -21,15 +21,6 @@ LAUNCHER = [sys.executable, "-m", "tarantella.launcher"]
 # settings must travel with mpirun (-x), not with srun's environment.
 JOB_ENV = f"cd {shlex.quote(REPO_ROOT)} && export PYTHONPATH={shlex.quote(REPO_ROOT)} " \
           f"TF_CPP_MIN_LOG_LEVEL=2 &&"
-
-
-def _results(text: str) -> dict[int, dict]:
-    found = {}
-    for line in text.splitlines():
-        if "RESULT " in line:
-            values = json.loads(line[line.index("RESULT ") + len("RESULT "):])
-            found[values["rank"]] = values
-    return found
 
 
 @pytest.mark.multirank
@@ -42,7 +33,7 @@ def test_sbatch_job_trains_alike_on_all_ranks(slurm, tmp_path):
                       "--wrap", f"{JOB_ENV} {command}"], timeout=280)
     text = out.read_text() if out.exists() else ""
     assert done.returncode == 0, done.stderr + text
-    found = _results(text)
+    found = rank_results(text)
     assert sorted(found) == [0, 1], text
     for values in found.values():
         assert values["size"] == 2 and values["allreduce_ok"]
@@ -59,7 +50,7 @@ def test_salloc_runs_the_launcher_on_the_allocation(slurm):
                       PROGRAM, "layout-only"], timeout=100, cwd=REPO_ROOT,
                      env={"PYTHONPATH": REPO_ROOT})
     assert done.returncode == 0, done.stdout + done.stderr
-    found = _results(done.stdout)
+    found = rank_results(done.stdout)
     assert sorted(found) == [0, 1] and all(v["size"] == 2 for v in found.values()), done.stdout
 
 
