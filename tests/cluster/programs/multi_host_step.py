@@ -22,9 +22,8 @@ found = {"rank": rank, "size": size, "host": socket.gethostname(),
          "mpi_local_size": int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "-1")),
          "omp_threads": os.environ.get("OMP_NUM_THREADS"),
          "timeout_seconds": tnt.runtime.settings().timeout_seconds}
-for name in ("node_count", "local_rank", "local_size"):  # the engine's node layout, if exposed
-    if hasattr(world, name):
-        found[name] = getattr(world, name)
+for name in ("node_count", "local_rank", "local_size"):  # the engine's node layout
+    found[name] = getattr(world, name)
 
 # Every rank contributes rank+1 in every element: the sum is known from the size alone.
 summed = tnt.allreduce(np.full(1000, rank + 1, dtype=np.float32))
