@@ -8,7 +8,11 @@ import pytest
 from tests.multirank import run_ranks
 
 PROGRAMS = os.path.join(os.path.dirname(__file__), "programs")
-ENV = {"TNT_TIMEOUT_SECONDS": "60"}
+# oneDNN's graph rewrites fuse ops differently in a stage's graph than in the whole model's (the fused
+# kernels round differently), and Adam amplifies that rounding: measured, 2 stages at M = 1 are bit-identical
+# to serial Keras without them and differ by ~1e-5 relative with them. Without them the 1e-5 comparisons
+# check the pipeline's logic, with only micro-batching's own rounding left.
+ENV = {"TNT_TIMEOUT_SECONDS": "60", "TF_ENABLE_ONEDNN_OPTS": "0"}
 TRAINING_CHECKS = ["1f1b training matches serial", "1f1b evaluate and predict match serial",
                    "gpipe training matches serial", "gpipe evaluate and predict match serial", "done"]
 
