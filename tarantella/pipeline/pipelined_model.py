@@ -118,7 +118,8 @@ class PipelinedModel(keras.Model):
 
     @property
     def whole_model(self) -> keras.Model:
-        """The user's unpartitioned model; its weights outside this stage are current only after sync_weights()."""
+        """The user's unpartitioned model. On this rank only its stage's weights hold values; the others are
+        released (they read as zeros); get_weights() and save() gather them from their stages."""
         return self._user.model
 
     def _check_same_partition(self) -> None:
