@@ -265,8 +265,20 @@ def main(argv=None) -> int:
     return 0 if all(not row["problems"] for row in rows) else 1
 
 
+# Why a fault fails, where known (shown only while it fails).
+KNOWN_GAPS = {
+    "caught_exception": (
+        "caught_exception: after rank 1 skips one allreduce, rank 0's allreduce #k pairs with "
+        "rank 1's #k+1 (same size and dtype, so no mismatch is seen): the job trains on with "
+        "wrong sums and never ends. The engine's per-call consistency check needs a per-group "
+        "collective sequence number to turn this into a MismatchError on every rank."),
+}
+
+
 def _readme(result: dict) -> str:
     p = result["provenance"]
+    gaps = "".join(f"- {KNOWN_GAPS[row['fault']]}\n" for row in result["rows"]
+                   if row["problems"] and row["fault"] in KNOWN_GAPS)
     return f"""# Fault matrix
 
 Made by `.venv/bin/python -m tests.cluster.fault_matrix` (as root; about 2 minutes) on
@@ -289,7 +301,7 @@ Notes
   the processes it started on this machine (launch agents; here, being namespaces on one
   machine, that includes the cut-off host's daemon). On a real cluster, a daemon on a
   host that lost its network stays until it notices (Open MPI's own mechanisms).
-"""
+{gaps}"""
 
 
 if __name__ == "__main__":
