@@ -11,7 +11,9 @@ does wrong:
   train              nothing (the harness injects the fault from outside)
   keras              the same with tnt.Model.fit (a real Keras training step)
   caught_exception   rank 1 raises in its 3rd step and the user's code catches it
-                     and skips that step's gradient exchange
+                     and skips that step's gradient exchange; training has a fixed
+                     number of steps (CAUGHT_EXCEPTION_STEPS), as real training does:
+                     Note [A skipped call among identical calls]
   mismatched_models  rank 1 builds a wider model than the others (tnt.Model)
   early_exit         rank 1 returns from training after 3 steps and exits 0
 """
@@ -39,11 +41,21 @@ def mark_fault():
         handle.write(repr(time.time()))
 
 
+# Note [A skipped call among identical calls]
+# After rank 1 skips one allreduce, rank 0's k-th call pairs with rank 1's (k+1)-th: same
+# size, dtype and op, so no check can tell them apart (a per-call sequence number counts
+# calls, and both ranks' k-th calls carry k; Horovod's tensor names repeat every step too).
+# What ends the job is the end of training: rank 1 runs out of calls one step early, exits,
+# and rank 0's last allreduce times out naming it. An endless loop of identical calls would
+# train on, offset by one step, and no system would see it.
+CAUGHT_EXCEPTION_STEPS = 50
+
+
 def numpy_training():
     rng = np.random.default_rng(RANK)
     weights = np.zeros(4096, dtype=np.float32)
     step = 0
-    while True:
+    while MODE != "caught_exception" or step < CAUGHT_EXCEPTION_STEPS:
         x = rng.normal(size=(32, 4096)).astype(np.float32)
         gradient = x.T @ (x @ weights - 1.0) / 32
         try:
