@@ -34,7 +34,7 @@ def test_overridden_steps_and_gan_match_serial(n):
 
 @pytest.mark.multirank
 @pytest.mark.timeout(TIMEOUT + 30)
-@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("n", [2])  # 2 ranks: the data sets end with 1-sample batches (an empty micro-batch)
 def test_keras_io_architectures_empty_micro_batches_class_weight(n):
     run = run_ranks(n, os.path.join(PROGRAMS, "keras_fidelity.py"), timeout=TIMEOUT, env=ENV).check()
     found = results(run, n)
