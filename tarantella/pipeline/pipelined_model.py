@@ -379,7 +379,7 @@ class PipelinedModel(keras.Model):
             gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
             gradients = self._sum_over_replicas(gradients)
         if mode != "predict" and self._pipeline_group is not None:
-            gradients = self._decide_across_stages(gradients if training else [], penalty)
+            gradients = self._decide_across_stages(gradients if training else [], penalty, start)
         if training:
             with tf.control_dependencies([result["sent"]]):
                 self.optimizer.apply(gradients, variables)
@@ -415,13 +415,15 @@ class PipelinedModel(keras.Model):
                 for i in range(len(keras.tree.flatten(self._user.model.output)))]
         return keras.tree.pack_sequence_as(self._user.model.output, flat)
 
-    def _decide_across_stages(self, gradients, penalty):
+    def _decide_across_stages(self, gradients, penalty, start):
         """Traced, collective over the replica's stages (Note [One model across the stages]): the
         logged loss gets the earlier stages' layer losses; the gradients get the whole model's
         global_clipnorm and, under a LossScaleOptimizer, its one decision to skip the step."""
         squares = tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float64))) for g in gradients]) if gradients \
             else tf.constant(0.0, tf.float64)
-        local = tf.stack([tf.cast(penalty, tf.float64), squares])
+        # `start` (a function argument) keeps the values from being constants (in evaluation they can be):
+        # graph optimisation would fold a constant-input start op instead of running it every step.
+        local = tf.stack([tf.cast(penalty, tf.float64), squares]) + tf.cast(start, tf.float64) * 0.0
         if self._pipeline_allreducer is None:
             self._pipeline_allreducer = GraphAllreducer([local.shape], [local.dtype], group=self._pipeline_group)
         total_penalty, total_squares = tf.unstack(self._pipeline_allreducer([local])[0])

@@ -67,12 +67,14 @@ class StepLosses(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.losses.append(float(logs["loss"]))
+        self.trace = getattr(getattr(self.model, "runner", None), "trace", None)  # a training step's
 
 
 def train(model):
     record = StepLosses()
     history = model.fit(x, y, sample_weight=sample_weight, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
                         validation_data=(x, y), verbose=0, callbacks=[record])
+    train.trace = record.trace
     return record.losses, history.history
 
 
@@ -100,8 +102,8 @@ for schedule in ("1f1b", "gpipe"):
     losses, history = train(model)
     # The traced step ran the passes one at a time in schedule order (their timestamps say so), so the
     # stage held at most S - stage (1F1B) or M (GPipe) micro-batches' activations.
-    executed = sorted(model.runner.trace.passes, key=lambda p: p[2])
-    assert [(k, m) for k, m, _, _ in executed] == [tuple(p) for p in model.runner.trace.schedule], executed
+    executed = sorted(train.trace.passes, key=lambda p: p[2])
+    assert [(k, m) for k, m, _, _ in executed] == [tuple(p) for p in train.trace.schedule], executed
     assert all(a[3] <= b[2] for a, b in zip(executed, executed[1:])), "passes overlapped"
     live = max_live_micro_batches([Pass(k, m) for k, m, _, _ in executed])
     assert live == (min(args.stages - placement.stage, 4) if schedule == "1f1b" else 4), (schedule, live)
