@@ -9,8 +9,9 @@ model), optionally with data-parallel replicas of every stage.
 
 Files: partition.py (stages, crossing tensors), cut.py and balance.py (where
 to cut), topology.py (rank -> replica, stage), schedules.py (GPipe, 1F1B),
-compiled_step.py (one step on one rank, traced), pipelined_model.py (the keras.Model),
-channels.py (the engine's point-to-point channels).
+compiled_step.py (one step on one rank, traced, with in-graph transfers),
+stage_state.py (each rank keeps only its stage; gather on save), pipelined_model.py
+(the keras.Model), channels.py (the engine's point-to-point channels, Python face).
 """
 from __future__ import annotations
 
