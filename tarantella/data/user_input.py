@@ -109,6 +109,8 @@ def from_batched_dataset(dataset: tf.data.Dataset, size: int, rank: int) -> tf.d
         return _sliced(dataset, size, rank)
     for note in the_plan.notes:
         rank_pipeline.warn_on_master(rank, note)
+    if not the_plan.maps:  # no per-sample work after the barrier: selecting early saves nothing
+        return _sliced(dataset, size, rank)
     fingerprint = order_check.Fingerprint()
     return order_check.attach(rank_pipeline.for_rank(dataset, the_plan, size, rank, fingerprint), fingerprint)
 
