@@ -86,6 +86,8 @@ def _abort_job_on_uncaught_exception() -> None:
         sys.stderr.flush()
         if previous is not sys.__excepthook__:
             previous(kind, value, trace)
+        from tarantella.timeline import session as timeline_session
+        timeline_session.abandon()  # this rank's part of the timeline, before MPI_Abort ends the process
         _engine().abort_job(1)
 
     sys.excepthook = abort_on_exception

@@ -3,14 +3,15 @@
 Note [Timeline files]
 `tarantella --timeline FILE` (TNT_TIMELINE) turns it on. Every rank buffers
 its events in memory (recorder.py) and writes nothing while it trains. At exit
-each rank first writes its own events to FILE.rank<R>.json, a complete trace on
-its own; at a clean exit of a multi-rank job the ranks then gather their events
-on the master (tarantella.collectives.allgather_object), the master writes the
-merged FILE, and the per-rank files are removed. A job that dies or is stopped
-(SIGINT / Ctrl-C, SIGTERM) skips the collective step, which could wait for a
-rank that is gone, and leaves the per-rank files: `python -m tarantella.timeline
-merge FILE` merges them into FILE. Files are replaced atomically, so an
-interrupted write never leaves a truncated trace.
+each rank writes its own events to FILE.rank<R>.json, a complete trace on its
+own; the master then waits (up to a minute) for every rank's file, merges them
+into FILE and removes them. No collective runs at exit: the job may be ending
+because a rank is gone, and MPI_Finalize right after a last collective was seen
+to hang (windows freed in MPI_Finalize while the ranks arrive together). A job
+that dies or is stopped (an uncaught exception, SIGINT / Ctrl-C, SIGTERM), or
+whose hosts share no file system, leaves the per-rank files:
+`python -m tarantella.timeline merge FILE` merges them into FILE. Files are
+replaced atomically, so an interrupted write never leaves a truncated trace.
 """
 from __future__ import annotations
 
@@ -20,15 +21,18 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from tarantella.timeline import trace_file
 from tarantella.timeline.recorder import Recorder
 
-__all__ = ["start", "recorder", "enabled", "rank_file", "write_rank_file", "finish", "merge_rank_files"]
+__all__ = ["start", "recorder", "enabled", "rank_file", "write_rank_file", "finish", "abandon", "merge_rank_files"]
 
 logger = logging.getLogger("tarantella")
 
 _state: dict = {}
+# How long the master waits at exit for the other ranks' files (written at the same moment as its own).
+_MERGE_WAIT_SECONDS = 60.0
 
 
 def enabled() -> bool:
@@ -86,40 +90,49 @@ def write_rank_file() -> str | None:
     return target
 
 
+def abandon() -> None:
+    """The job is ending abnormally (an uncaught exception, before MPI_Abort): this rank's file only."""
+    if _state and not _state.get("finished"):
+        _state["interrupted"] = _state["finished"] = True
+        try:
+            path = write_rank_file()
+            logger.warning("tarantella: timeline of rank %d left in %s; merge the ranks' files with "
+                           "`python -m tarantella.timeline merge %s`", _state["rank"], path, _state["path"])
+        except OSError as error:  # never hide the failure that ends the job
+            logger.warning("tarantella: could not write the timeline of rank %d: %s", _state["rank"], error)
+
+
 def _this_rank() -> dict:
     record = _state["recorder"]
     return trace_file.rank_trace(_state["rank"], record.snapshot(), record.wall_offset)
 
 
 def finish() -> None:
-    """At exit: this rank's file, then (clean multi-rank exit) the merged file on the master."""
+    """At exit: this rank's file; on the master of a cleanly ending job, the merged file too."""
     if not _state or _state.get("finished"):
         return
     _state["finished"] = True
     own = write_rank_file()
     clean = not _state["interrupted"] and sys.exc_info()[0] is None
+    if _state["rank"] != 0:
+        return
     if _state["size"] == 1:
         trace_file.write_trace(_state["path"], trace_file.read_trace(own))
         os.unlink(own)
         return
-    if not clean or not _engine_running():
-        logger.warning("tarantella: timeline of rank %d left in %s; merge the ranks' files with "
-                       "`python -m tarantella.timeline merge %s`", _state["rank"], own, _state["path"])
+    expected = [rank_file(_state["path"], rank) for rank in range(_state["size"])]
+    deadline = time.monotonic() + (_MERGE_WAIT_SECONDS if clean else 0.0)
+    while not all(os.path.exists(name) for name in expected) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    missing = [name for name in expected if not os.path.exists(name)]
+    if missing:
+        logger.warning("tarantella: the timeline's rank files %s are missing (a rank failed, or the ranks share "
+                       "no file system); once they are all in %s, merge them with `python -m tarantella.timeline "
+                       "merge %s`", ", ".join(missing), os.path.dirname(_state["path"]), _state["path"])
         return
-    from tarantella import collectives
-    ranks = collectives.allgather_object(_this_rank())
-    if _state["rank"] == 0:
-        trace_file.write_trace(_state["path"], trace_file.merge_traces(ranks))
-    collectives.allgather_object(None)  # the merged file exists before any rank removes its own
-    os.unlink(own)
-
-
-def _engine_running() -> bool:
-    try:
-        from tarantella import runtime
-        return runtime.is_initialized()
-    except Exception:  # noqa: BLE001 - at exit, a half torn-down runtime means "no collective"
-        return False
+    merge_rank_files(_state["path"])
+    for name in expected:
+        os.unlink(name)
 
 
 def merge_rank_files(path: str) -> tuple[str, int]:
