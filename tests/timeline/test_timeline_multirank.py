@@ -46,7 +46,7 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
     rows = overlap_from_trace(str(target))
     assert {(row["rank"], row["step"]) for row in rows} == {(r, s) for r in (0, 1) for s in range(STEPS)}
     if mode == "no_overlap":  # no allreduce starts before the last gradient exists
-        assert all(row["overlap_share"] == 0.0 and row["exposed_s"] > 0 for row in rows)
+        assert all(row["overlap_share"] < 0.01 and row["exposed_s"] > 0 for row in rows), rows
 
 
 TWO_BRANCH = os.path.join(os.path.dirname(__file__), "programs", "two_branch_starts.py")
