@@ -1,4 +1,5 @@
 #include "engine.hpp"
+#include "shared_segments.hpp"
 
 #include <mpi.h>
 #include <sched.h>
@@ -118,6 +119,7 @@ void Engine::stop() {
     log_warning("not finalising MPI, because a collective failed earlier (" + engine->world_->first_failure() +
                 "); the launcher ends the job");
   }
+  if (healthy) SharedSegments::free_all_at_exit();  // Note [Windows are freed in creation order]
   engine->world_allreducer_.reset();
   engine->world_.reset();
   engine.reset();

@@ -1,6 +1,8 @@
 #include "shared_segments.hpp"
 
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "errors.hpp"
 #include "mpi_call.hpp"
@@ -9,6 +11,29 @@ namespace tnt {
 
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "notification flags must be lock-free to work across processes");
+
+// Note [Windows are freed in creation order]
+// A window that was not closed explicitly (its owner was garbage-collected,
+// or still lives at exit) must still be freed before MPI_Finalize, and
+// MPI_Win_free waits for every rank of the window. Left to MPI_Finalize, the
+// windows are freed in the MPI library's own order, which need not be the
+// same on every rank (it hung jobs at exit: one rank freeing window A while
+// its peer waited in window B). Windows are made collectively, so every rank
+// made them in one order; freeing them in that order, at one point of the
+// program (the engine's stop), meets the same peers in the same sequence as
+// their creation did.
+namespace {
+struct UnclosedWindows {
+  std::mutex mutex;
+  std::uint64_t made = 0;
+  std::map<std::uint64_t, SharedSegments*> live;  // by creation number
+  std::map<std::uint64_t, MPI_Win> orphaned;       // owners gone, windows still up
+};
+UnclosedWindows& unclosed() {
+  static UnclosedWindows* windows = new UnclosedWindows();  // never destroyed: used at exit
+  return *windows;
+}
+}  // namespace
 
 SharedSegments::SharedSegments(ProcessGroup& group, std::size_t data_bytes)
     : group_(group), data_bytes_(data_bytes), bases_(group.size()) {
@@ -32,6 +57,9 @@ SharedSegments::SharedSegments(ProcessGroup& group, std::size_t data_bytes)
   }
   // Nobody reads a header before its owner zeroed it.
   group.barrier();
+  std::lock_guard<std::mutex> lock(unclosed().mutex);
+  creation_ = unclosed().made++;
+  unclosed().live[creation_] = this;
 }
 
 void SharedSegments::close() {
@@ -42,9 +70,27 @@ void SharedSegments::close() {
   group_.barrier();
   TNT_MPI(MPI_Win_free(&window_));
   window_ = MPI_WIN_NULL;
+  std::lock_guard<std::mutex> lock(unclosed().mutex);
+  unclosed().live.erase(creation_);
 }
 
-SharedSegments::~SharedSegments() = default;
+SharedSegments::~SharedSegments() {
+  std::lock_guard<std::mutex> lock(unclosed().mutex);
+  unclosed().live.erase(creation_);
+  if (window_ != MPI_WIN_NULL) unclosed().orphaned[creation_] = window_;
+}
+
+void SharedSegments::free_all_at_exit() {
+  std::map<std::uint64_t, MPI_Win*> windows;
+  std::lock_guard<std::mutex> lock(unclosed().mutex);
+  for (auto& [creation, segments] : unclosed().live) windows[creation] = &segments->window_;
+  for (auto& [creation, window] : unclosed().orphaned) windows[creation] = &window;
+  for (auto& [creation, window] : windows) {
+    if (*window != MPI_WIN_NULL) MPI_Win_free(window);  // MPI sets it to MPI_WIN_NULL
+  }
+  unclosed().live.clear();
+  unclosed().orphaned.clear();
+}
 
 std::atomic<std::uint64_t>* SharedSegments::flag_of(int rank, int flag) const {
   return reinterpret_cast<std::atomic<std::uint64_t>*>(bases_[rank] + 64 * flag);

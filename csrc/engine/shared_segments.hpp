@@ -31,9 +31,13 @@ class SharedSegments {
   SharedSegments(ProcessGroup& group, std::size_t data_bytes);
   // Frees the window: collective, so only by an explicit close (Note [Closing is explicit]).
   void close();
-  // Leaves a window that was not closed to MPI_Finalize: freeing it waits for
-  // every peer, which a destructor run by a garbage collector must never do.
+  // Hands a window that was not closed to free_all_at_exit(): freeing it waits
+  // for every peer, which a destructor run by a garbage collector must never do.
   ~SharedSegments();
+  // Collective over the world, once, at the engine's stop before MPI_Finalize:
+  // frees every window not closed yet, live or orphaned, in creation order
+  // (Note [Windows are freed in creation order]).
+  static void free_all_at_exit();
   SharedSegments(const SharedSegments&) = delete;
   SharedSegments& operator=(const SharedSegments&) = delete;
 
@@ -52,6 +56,7 @@ class SharedSegments {
   std::atomic<std::uint64_t>* flag_of(int rank, int flag) const;
   ProcessGroup& group_;
   MPI_Win window_ = MPI_WIN_NULL;
+  std::uint64_t creation_ = 0;  // this process's count of windows made before this one
   std::size_t data_bytes_;
   std::vector<char*> bases_;
 };
