@@ -13,12 +13,17 @@ the same model in this process (it prints `max relative difference`).
 """
 import argparse
 
+from tarantella.determinism import set_deterministic
+
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
 parser.add_argument("--samples", type=int, default=600)
 parser.add_argument("--check", action="store_true", help="compare with serial training in this process")
+parser.add_argument("--seed", type=int, default=42)
 args = parser.parse_args()
+
+set_deterministic(args.seed)  # before any model or dataset exists
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

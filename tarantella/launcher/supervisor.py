@@ -251,6 +251,38 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of pid (field 22 of /proc/PID/stat): tells a process from a later one
+    that reuses its pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+class _LaunchedProcesses:
+    """Every process seen below mpirun while the ranks start. A launch that fails can leave
+    daemons behind whose parent (mpirun, an agent) has already exited, out of mpirun's tree:
+    the ones on hosts mpirun did reach, started through their agents on this machine."""
+
+    def __init__(self, root: int):
+        self.root = root
+        self.seen: dict[int, str | None] = {}
+
+    def look(self) -> None:
+        for pid in _descendants(self.root):
+            self.seen.setdefault(pid, _start_time(pid))
+
+    def kill_survivors(self) -> None:
+        for pid, started in self.seen.items():
+            if started is not None and _start_time(pid) == started:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
 def _stop_tree(process: subprocess.Popen, kill_after: float) -> None:
     """Stops mpirun when it does not end by itself (a stuck launch, a job it could not
     end after a failure) and everything it started on this host: its launch agents
@@ -315,8 +347,11 @@ def run_job(argv: list[str], *, env: dict | None = None, grace_seconds: float = 
             previous[signum] = signal.signal(signum, on_signal)
     forced = False
     stop_asked_at: float | None = None
+    launched = _LaunchedProcesses(process.pid)
     try:
         while process.poll() is None:
+            if launch is not None and not launch.complete:
+                launched.look()
             since = failed_at[0] if failed_at else stop_asked_at
             deadline = None if since is None else since + grace_seconds
             wake.wait(_POLL_SECONDS if deadline is None
@@ -352,6 +387,7 @@ def run_job(argv: list[str], *, env: dict | None = None, grace_seconds: float = 
             (launch_timed_out or returncode != 0):
         if verbose:
             watcher.release_held()
+        launched.kill_survivors()
         print(launch.failure(None if launch_timed_out else returncode, launch_timeout),
               file=sys.stderr, flush=True)
         return LAUNCH_FAILED

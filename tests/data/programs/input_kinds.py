@@ -72,10 +72,15 @@ def batched(counter, serial):
 serial, distributed, values = fit_both(batched)
 # The same pipeline keeping the sample ids: the ranks' micro-batches side by side are serial's batches.
 counter = tf.Variable(0, dtype=tf.int64)
-identified = tf.data.Dataset.range(N).shuffle(N, seed=7).map(lambda i: (i, counter.assign_add(1)),
-                                                             num_parallel_calls=2, deterministic=True).batch(BATCH)
-mine = [element[dd.DATA][0].numpy() for element in user_input.distribute(identified, size=SIZE, rank=RANK)]
-serial_ids = [batch[0].numpy() for batch in identified]
+# A new dataset object for each: a reshuffling dataset's second iteration has another order (on 1 rank
+# `distribute` iterates the user's own object, on several a rewritten copy of it).
+def identified():
+    return tf.data.Dataset.range(N).shuffle(N, seed=7).map(lambda i: (i, counter.assign_add(1)),
+                                                           num_parallel_calls=2, deterministic=True).batch(BATCH)
+
+
+mine = [element[dd.DATA][0].numpy() for element in user_input.distribute(identified(), size=SIZE, rank=RANK)]
+serial_ids = [batch[0].numpy() for batch in identified()]
 check_counter = tf.Variable(0, dtype=tf.int64)
 report("batched_dataset", **values, stream_maps=int(counter.numpy()) - N,
        batches_match=len(mine) == len(serial_ids) and all(
