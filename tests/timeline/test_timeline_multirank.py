@@ -57,7 +57,7 @@ TWO_BRANCH = os.path.join(os.path.dirname(__file__), "programs", "two_branch_sta
 
 
 @pytest.mark.xfail(strict=True, reason="issue 10 section 2 not done: TntStartAllreduce is stateful, so tf.function "
-                   "chains the start ops in creation order (a stateless start was tried, see the H8 report)")
+                   "chains the start ops in creation order (a stateless start can be constant-folded by Grappler, and was reverted)")
 def test_starts_follow_backprop_not_registration_order(tmp_path):
     """One bucket per tensor (--fusion-threshold 0). Registration order is the reverse of the variables:
     out, deep3 .. deep0, shallow (a subclassed model: variables in attribute order). Backprop produces the shallow layer's gradients right after out's, long
