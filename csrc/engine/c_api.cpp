@@ -4,16 +4,13 @@
 #include <exception>
 #include <string>
 
+#include "c_api_error.hpp"
 #include "engine.hpp"
 
 namespace {
 
 int report(const std::exception& error, char* out, size_t size) {
-  if (out && size) {
-    std::strncpy(out, error.what(), size - 1);
-    out[size - 1] = '\0';
-  }
-  return 1;
+  return tnt::report_c_api_error(error.what(), out, size);
 }
 
 }  // namespace

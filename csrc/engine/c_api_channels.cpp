@@ -6,17 +6,12 @@
 #include <memory>
 #include <string>
 
+#include "c_api_error.hpp"
 #include "peer_channels.hpp"
 
 namespace {
 
-int report(const std::string& message, char* out, size_t size) {
-  if (out && size) {
-    std::strncpy(out, message.c_str(), size - 1);
-    out[size - 1] = '\0';
-  }
-  return 1;
-}
+using tnt::report_c_api_error;
 
 // when_done() runs its callback at once if the transfer is already over; that
 // must not happen under the registry's lock (the callback resumes TensorFlow,
@@ -47,9 +42,9 @@ int start(bool send, int channels, int peer, int tag, void* data, size_t bytes, 
         completion->done(completion->context, failure.empty() ? nullptr : failure.c_str());
       });
     });
-    if (!found) return report("the peer channels " + std::to_string(channels) + " are closed", error, error_size);
+    if (!found) return report_c_api_error("the peer channels " + std::to_string(channels) + " are closed", error, error_size);
   } catch (const std::exception& e) {
-    return report(e.what(), error, error_size);
+    return report_c_api_error(e.what(), error, error_size);
   }
   int expected = Completion::registering;
   if (!completion->state.compare_exchange_strong(expected, Completion::registered)) {
