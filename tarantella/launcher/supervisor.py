@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -262,19 +263,33 @@ def _start_time(pid: int) -> str | None:
 
 
 class _LaunchedProcesses:
-    """Every process seen below mpirun while the ranks start. A launch that fails can leave
-    daemons behind whose parent (mpirun, an agent) has already exited, out of mpirun's tree:
-    the ones on hosts mpirun did reach, started through their agents on this machine."""
+    """Every process mpirun started on this machine while the ranks start. A launch that
+    fails can leave daemons behind on the hosts mpirun did reach (started through their
+    agents on this machine), out of mpirun's tree: Open MPI's prted daemonizes at once
+    (its parent becomes init), often between two looks at the tree. So they are also
+    found by the job's PRRTE namespace on their command line, `prterun-HOST-PID@`, which
+    names mpirun's host and pid (mpirun execs prterun)."""
 
     def __init__(self, root: int):
         self.root = root
         self.seen: dict[int, str | None] = {}
+        self.namespace = f"prterun-{socket.gethostname()}-{root}@".encode()
 
     def look(self) -> None:
         for pid in _descendants(self.root):
             self.seen.setdefault(pid, _start_time(pid))
 
+    def _of_this_job(self) -> None:
+        for entry in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if self.namespace in handle.read():
+                        self.seen.setdefault(int(entry), _start_time(int(entry)))
+            except OSError:
+                continue
+
     def kill_survivors(self) -> None:
+        self._of_this_job()
         for pid, started in self.seen.items():
             if started is not None and _start_time(pid) == started:
                 try:
