@@ -135,6 +135,18 @@ class NetnsCluster:
         network = ipaddress.ip_network(self.subnet)
         return str(network.network_address + _FIRST_HOST_OCTET + self.hosts.index(host))
 
+    @property
+    def bridge_address(self) -> str:
+        """The root namespace's address on the cluster network (the "login node")."""
+        return str(ipaddress.ip_network(self.subnet).network_address + 1)
+
+    def adopt(self, pid: int) -> None:
+        """Have down() also stop a process of the root namespace that serves the
+        cluster (e.g. a Slurm controller): it is stopped with the cluster, also when
+        the cluster is removed as stale (Note [Cluster lifetime])."""
+        with open(os.path.join(self.directory, "adopted"), "a") as handle:
+            handle.write(f"{pid} {_start_time(pid)}\n")
+
     def launcher_args(self) -> list[str]:
         """What `tarantella` needs to run on this cluster."""
         return ["--hostfile", self.hostfile, "--launch-agent", self.agent,
@@ -215,8 +227,22 @@ class NetnsCluster:
                     except FileNotFoundError:
                         pass
 
+    def _stop_adopted(self) -> None:
+        try:
+            with open(os.path.join(self.directory, "adopted")) as handle:
+                adopted = [line.split() for line in handle if line.strip()]
+        except FileNotFoundError:
+            return
+        for pid, started in adopted:  # the start time tells a reused pid apart
+            if _start_time(int(pid)) == started:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
     def down(self) -> None:
         """Remove everything the cluster made (idempotent)."""
+        self._stop_adopted()
         self.kill_all()
         deadline = time.monotonic() + 5
         while any(self.pids(host) for host in self.hosts) and time.monotonic() < deadline:
@@ -241,6 +267,15 @@ def _describe_pid(pid: int) -> str:
         return f"{pid}: {' '.join(words).strip()[:200]}"
     except OSError:
         return f"{pid}: (gone)"
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot ("" if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
 
 
 def _alive(pid: int) -> bool:

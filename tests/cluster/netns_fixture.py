@@ -21,7 +21,7 @@ import pytest
 
 from bench.cluster.netns_cluster import NetnsCluster, create, why_unavailable
 
-__all__ = ["netns_cluster", "skip_reason"]
+__all__ = ["netns_cluster", "skip_reason", "interrupt_on_sigterm"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -29,7 +29,8 @@ def skip_reason() -> str | None:
     return why_unavailable()
 
 
-def _interrupt_on_sigterm() -> None:
+def interrupt_on_sigterm() -> None:
+    """SIGTERM becomes KeyboardInterrupt, so that pytest runs the finalizers then too."""
     def raise_interrupt(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
@@ -41,7 +42,7 @@ def netns_cluster(request):
     reason = skip_reason()
     if reason:
         pytest.skip(f"no namespace cluster: {reason}")
-    _interrupt_on_sigterm()
+    interrupt_on_sigterm()
 
     def make(hosts: int = 2, slots: int = 1) -> NetnsCluster:
         cluster = create(hosts, slots)

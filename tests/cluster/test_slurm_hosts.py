@@ -1,0 +1,109 @@
+"""tarantella under Slurm on two hosts: one slurmd per namespace host
+(tests/cluster/slurm_fixture.py `slurm_on_hosts`; Note [Slurm across namespace hosts]).
+A `sbatch -N 2 -n 2` job and a `salloc -N 2 -n 2` from the login node each form one
+2-rank world with one rank per host, train alike on both, and a failing rank ends
+the job naming its rank and host; nothing is left on the hosts afterwards."""
+from __future__ import annotations
+
+import re
+import shlex
+import time
+
+import pytest
+
+from tests.cluster.results import rank_results
+from tests.cluster.slurm_fixture import slurm_on_hosts  # noqa: F401  (the fixture)
+from tests.cluster.test_slurm import JOB_ENV, LAUNCHER, PROGRAM
+from tests.multirank import REPO_ROOT
+
+# What runs on a host between jobs: its slurmd, under the launch agent's shell.
+_DAEMON_COMMANDS = ("slurmd -D", "sh -c hostname")
+
+
+def _job_leftovers(slurm, timeout: float = 20.0) -> dict[str, dict]:
+    """What a finished job left on the hosts: processes other than slurmd, and
+    /dev/shm entries; {} once there is nothing (waits up to `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {}
+        for host, left in slurm.hosts.leftovers().items():
+            processes = [entry for entry in left["processes"]
+                         if not entry.split(": ", 1)[-1].startswith(_DAEMON_COMMANDS)]
+            if processes or left["shm"]:
+                found[host] = {"processes": processes, "shm": left["shm"]}
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.5)
+
+
+def _check_one_rank_per_host(found: dict[int, dict], hosts: list[str], text: str) -> None:
+    assert sorted(found) == [0, 1], text
+    assert sorted(values["host"] for values in found.values()) == sorted(hosts), found
+    for rank, values in found.items():
+        assert values["size"] == 2 and values["allreduce_ok"], values
+        assert values["on_one_node"] is False, values       # MPI_Comm_split_type(SHARED)
+        assert values["node_count"] == 2, values
+        assert values["local_rank"] == 0 and values["local_size"] == 1, values
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_sbatch_on_two_nodes_trains_one_world_with_a_rank_per_host(slurm_on_hosts, tmp_path):
+    hosts = slurm_on_hosts.hosts.hosts
+    out = tmp_path / "job.out"
+    command = shlex.join([*LAUNCHER, "--output-on-all-devices", "--", PROGRAM])
+    done = slurm_on_hosts.run(
+        ["sbatch", "-N", "2", "-n", "2", "--time=4", "--wait", "-o", str(out), "--wrap",
+         f'echo "batch host $(hostname), nodes $SLURM_JOB_NUM_NODES"; {JOB_ENV} {command}'],
+        timeout=280)
+    text = out.read_text() if out.exists() else ""
+    assert done.returncode == 0, done.stderr + text
+    assert f"batch host {hosts[0]}, nodes 2" in text, text  # the script runs on a node
+    found = rank_results(text)
+    _check_one_rank_per_host(found, hosts, text)
+    for values in found.values():
+        assert values["weights_changed"] and values["serial_difference"] < 1e-5, values
+    assert len({values["weights_sha256"] for values in found.values()}) == 1, found
+    assert _job_leftovers(slurm_on_hosts) == {}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(200)
+def test_salloc_from_the_login_node_places_a_rank_on_each_host(slurm_on_hosts):
+    """salloc runs the launcher in the root namespace (the login node): mpirun there
+    starts its daemons on both nodes through srun."""
+    hosts = slurm_on_hosts.hosts.hosts
+    done = slurm_on_hosts.run(
+        ["salloc", "-N", "2", "-n", "2", "--time=3", *LAUNCHER, "--output-on-all-devices",
+         "--", PROGRAM, "layout-only"], timeout=180, cwd=REPO_ROOT, env={"PYTHONPATH": REPO_ROOT})
+    assert done.returncode == 0, done.stdout + done.stderr
+    _check_one_rank_per_host(rank_results(done.stdout), hosts, done.stdout + done.stderr)
+    assert _job_leftovers(slurm_on_hosts) == {}
+
+
+FAIL_ON_RANK_1 = ("import socket, sys, time, tarantella as tnt\n"
+                  "if tnt.get_rank() == 1:\n"
+                  "    print(f'rank 1 gives up on {socket.gethostname()}', file=sys.stderr,\n"
+                  "          flush=True)\n"
+                  "    sys.exit(3)\n"
+                  "time.sleep(120)\n")
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(200)
+def test_a_failing_rank_ends_the_two_node_job_naming_rank_and_host(slurm_on_hosts, tmp_path):
+    hosts = slurm_on_hosts.hosts.hosts
+    script, out = tmp_path / "fail.py", tmp_path / "job.out"
+    script.write_text(FAIL_ON_RANK_1)
+    start = time.monotonic()
+    done = slurm_on_hosts.run(
+        ["sbatch", "-N", "2", "-n", "2", "--time=3", "--wait", "-o", str(out), "--wrap",
+         f"{JOB_ENV} {shlex.join([*LAUNCHER, '--', str(script)])}"], timeout=180)
+    text = out.read_text() if out.exists() else ""
+    assert done.returncode == 3, done.stderr + text          # the job's exit code: rank 1's
+    assert time.monotonic() - start < 90, text
+    gave_up = re.search(r"rank 1 gives up on (\S+)", text)
+    assert gave_up and gave_up.group(1) in hosts, text
+    assert ("tarantella: error: rank 1 of 2 failed first: it exited with code 3 on host "
+            f"{gave_up.group(1)}") in text, text
+    assert _job_leftovers(slurm_on_hosts) == {}
