@@ -3,7 +3,10 @@
 Every rank of the group must call the same collective, in the same order,
 with arrays of the same size and dtype (allgather and the object variants
 excepted); otherwise every rank raises tnt.MismatchError or, after
-TNT_TIMEOUT_SECONDS, a TimeoutError naming the ranks not heard from.
+TNT_TIMEOUT_SECONDS, a TimeoutError naming the ranks not heard from. An
+allreduce checks the ranks' calls alongside its data exchange when the group
+spans nodes (no extra round trip): a mismatch found there has moved data, so
+it also fails the group (below).
 
 After a timeout or an MPI error the group has failed, together with every
 group split from the same world: each later collective raises
@@ -30,7 +33,9 @@ __all__ = ["Group", "allreduce", "broadcast", "allgather", "barrier", "broadcast
 
 
 class Group:
-    """A set of ranks running collectives together (the world, or a split of it)."""
+    """A set of ranks running collectives together (the world, or a split of it).
+
+    Wraps the engine's handle (`_engine.GroupHandle`: its process group and allreducer)."""
 
     def __init__(self, handle):
         self._handle = handle

@@ -47,7 +47,7 @@ def init() -> None:
                      algorithm=settings_.allreduce_algorithm,
                      log_level=logging.getLevelName(settings_.log_level),
                      log_on_all_devices=settings_.log_on_all_devices)
-        world = engine.Group.world()
+        world = engine.GroupHandle.world()
         try:  # N copies of rank 0 would train N independent models (tarantella/world_check.py)
             check_world_size(world.size, os.environ)
         except WorldSizeError:

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "allreduce_call_check.hpp"
 #include "errors.hpp"
 #include "hierarchical_allreduce.hpp"
 #include "quarantine.hpp"
@@ -39,13 +40,17 @@ std::string describe_call(std::size_t count, DType dtype, ReduceOp op) {
   return std::string(dtype_name(dtype)) + "[" + std::to_string(count) + "] " + op_name(op);
 }
 
-void throw_mismatched_calls(const ProcessGroup& group, const std::vector<std::string>& calls) {
+std::string mismatched_calls_message(const ProcessGroup& group, const std::vector<std::string>& calls) {
   std::string text = "allreduce called differently on different ranks:";
   for (int r = 0; r < group.size(); ++r) {
     text += std::string(r ? ";" : "") + " rank " + std::to_string(group.world_rank_of(r)) + " had " + calls[r];
   }
-  throw MismatchError(text + ". Every rank must reduce the same number of elements of the same dtype with the same "
-                             "op (and algorithm), in the same order");
+  return text + ". Every rank must reduce the same number of elements of the same dtype with the same op (and "
+                "algorithm), in the same order";
+}
+
+void throw_mismatched_calls(const ProcessGroup& group, const std::vector<std::string>& calls) {
+  throw MismatchError(mismatched_calls_message(group, calls));
 }
 
 Allreducer::Allreducer(const ProcessGroup& group) : group_(group.duplicate()) {}
@@ -80,29 +85,6 @@ Algorithm Allreducer::resolve(Algorithm algorithm, std::size_t bytes) const {
   return choose_flat(bytes, g.size());
 }
 
-void Allreducer::check_same_call(const AllreduceCall& call, Algorithm algorithm) {
-  const long long mine[4] = {static_cast<long long>(call.count), static_cast<long long>(call.dtype),
-                             static_cast<long long>(call.op), static_cast<long long>(algorithm)};
-  std::vector<long long> all(4 * group_->size());
-  try {
-    group_->allgather(mine, sizeof mine, all.data(), "allreduce (checking that all ranks call it alike)");
-  } catch (...) {
-    if (group_->failed()) quarantine(std::move(all));  // Note [Memory that a failed collective may still write]
-    throw;
-  }
-  bool same = true;
-  for (int r = 0; r < group_->size(); ++r) same = same && std::memcmp(&all[4 * r], mine, sizeof mine) == 0;
-  if (same) return;
-  std::vector<std::string> calls;
-  for (int r = 0; r < group_->size(); ++r) {
-    const long long* d = &all[4 * r];
-    calls.push_back(describe_call(static_cast<std::size_t>(d[0]), static_cast<DType>(d[1]),
-                                  static_cast<ReduceOp>(d[2])) +
-                    " via " + algorithm_name(static_cast<Algorithm>(d[3])));
-  }
-  throw_mismatched_calls(*group_, calls);
-}
-
 void Allreducer::run(const AllreduceCall& call, Algorithm algorithm, bool verified) {
   group_->guarded("allreduce", [&] { run_resolved(call, algorithm, verified); });
 }
@@ -123,7 +105,17 @@ void Allreducer::run_resolved(const AllreduceCall& call, Algorithm algorithm, bo
     shared_memory_->run(call);
     return;
   }
-  if (!verified) check_same_call(call, algorithm);
+  if (verified) {
+    run_algorithm(call, chosen);
+    return;
+  }
+  if (!call_check_) call_check_ = std::make_unique<AllreduceCallCheck>(*group_);
+  // Making the hierarchical allreduce is collective and blocking: only ranks known to call alike may start it.
+  const bool check_first = group_->on_one_node() || (chosen == Algorithm::hierarchical && !hierarchical_);
+  call_check_->run(call, algorithm, check_first, [&] { run_algorithm(call, chosen); });
+}
+
+void Allreducer::run_algorithm(const AllreduceCall& call, Algorithm chosen) {
   switch (chosen) {
     case Algorithm::ring: ring_allreduce(*group_, call, scratch_); break;
     case Algorithm::recursive_doubling: recursive_doubling_allreduce(*group_, call, scratch_); break;

@@ -4,11 +4,14 @@
 // Every algorithm gives the same bits on all ranks, and the same bits across
 // runs with the same inputs, rank count and algorithm: each element's final
 // value is computed either by exactly one rank and then copied to the others
-// (ring, Rabenseifner, shared memory), or by pairs of ranks that combine the
-// same two operands (recursive doubling; IEEE addition, min and max are
-// commutative bit for bit, and min and max select under a total order,
-// Note [Min and max of floating point]). `auto` depends only on the byte
-// count, the rank count and the group's node layout, so all ranks choose alike.
+// (ring, Rabenseifner, shared memory, hierarchical), or by pairs of ranks that
+// combine the same two operands (recursive doubling), which needs a commutative
+// combination: IEEE addition is commutative bit for bit, and min and max are
+// made so (IEEE's own min and max are not where operands are NaN or -0 and +0:
+// the engine's select under a total order, Note [Min and max of floating
+// point]; the `mpi` algorithm uses them too, through its own MPI op). `auto`
+// depends only on the byte count, the rank count and the group's node layout,
+// so all ranks choose alike.
 //
 // Note [Choosing an algorithm]
 // `auto`: all ranks on one node -> shared_memory; nodes with the same number
@@ -49,6 +52,7 @@ Algorithm algorithm_from_name(const std::string& name);  // "auto", "ring", ...;
 
 class SharedMemoryAllreduce;
 class HierarchicalAllreduce;
+class AllreduceCallCheck;
 
 // What one allreduce call works on; `in` may equal `out`.
 struct AllreduceCall {
@@ -66,8 +70,9 @@ class Allreducer {
   explicit Allreducer(const ProcessGroup& group);
   ~Allreducer();
 
-  // `verified`: the caller already knows all ranks pass the same count, dtype
-  // and op (a FusedReducer's static buckets), so the per-call check is skipped.
+  // Checks that all ranks call alike (Note [Checking calls alongside the
+  // data]) unless `verified`: the caller already knows all ranks pass the
+  // same count, dtype and op (a FusedReducer's static buckets).
   void run(const AllreduceCall& call, Algorithm algorithm, bool verified = false);
   // What `auto` runs for `bytes` (Note [Choosing an algorithm]).
   Algorithm choose(std::size_t bytes) const;
@@ -78,9 +83,11 @@ class Allreducer {
   void close();
 
  private:
-  void check_same_call(const AllreduceCall& call, Algorithm algorithm);
   void run_resolved(const AllreduceCall& call, Algorithm algorithm, bool verified);
+  // The flat or hierarchical algorithm `chosen`, without any check.
+  void run_algorithm(const AllreduceCall& call, Algorithm chosen);
   std::unique_ptr<ProcessGroup> group_;
+  std::unique_ptr<AllreduceCallCheck> call_check_;        // made on first use; after group_, which it uses
   std::unique_ptr<SharedMemoryAllreduce> shared_memory_;  // made on first use (collective)
   std::unique_ptr<HierarchicalAllreduce> hierarchical_;   // made on first use (collective)
   std::vector<char> scratch_;
@@ -98,8 +105,10 @@ void mpi_allreduce(ProcessGroup& group, const AllreduceCall& call);
 
 // What one rank called, as mismatch messages show it: "float32[10] sum".
 std::string describe_call(std::size_t count, DType dtype, ReduceOp op);
-// The MismatchError for ranks that called an allreduce differently;
-// `calls[r]` is describe_call() of group rank r, plus any detail.
+// The message for ranks that called an allreduce differently (Note [Ranks
+// call alike]); `calls[r]` is describe_call() of group rank r, plus any detail.
+std::string mismatched_calls_message(const ProcessGroup& group, const std::vector<std::string>& calls);
+// Throws MismatchError(mismatched_calls_message(group, calls)).
 [[noreturn]] void throw_mismatched_calls(const ProcessGroup& group, const std::vector<std::string>& calls);
 
 // Splits `count` elements into `parts` contiguous ranges, the first

@@ -17,7 +17,7 @@ int report(const std::exception& error, char* out, size_t size) {
 
 extern "C" {
 
-int tnt_engine_abi_version(void) { return 1; }
+int tnt_engine_abi_version(void) { return TNT_ENGINE_ABI_VERSION; }
 
 int tnt_reducer_ready(int reducer, size_t tensor, const void* data, size_t bytes, char* error, size_t error_size) {
   try {

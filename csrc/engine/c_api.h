@@ -25,7 +25,10 @@ int tnt_reducer_deliver(int reducer, size_t tensor, void* out, size_t bytes, tnt
 /* The number of bucket allreduces the reducer completed since it was made. */
 int tnt_reducer_reductions_completed(int reducer, unsigned long long* count, char* error, size_t error_size);
 
-/* The engine version the op library was built against must match this. */
+/* The version of this interface. The op library compiles TNT_ENGINE_ABI_VERSION
+ * in and compares it with what the loaded engine's tnt_engine_abi_version()
+ * returns; raise it with every change of this file's functions. */
+#define TNT_ENGINE_ABI_VERSION 1
 int tnt_engine_abi_version(void);
 
 #ifdef __cplusplus

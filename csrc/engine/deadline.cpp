@@ -12,7 +12,10 @@
 
 namespace tnt {
 
-Deadline::Deadline(const WaitLimits& limits) : start_(std::chrono::steady_clock::now()), limits_(limits) {}
+Deadline::Deadline(const WaitLimits& limits, Clock::time_point start, const char* cause)
+    : start_(start), limits_(limits), cause_(cause) {}
+
+double Deadline::waited() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
 
 namespace {
 constexpr unsigned kSpinRounds = 2000;
@@ -44,22 +47,38 @@ void Deadline::wait(const std::function<bool()>& done, const char* what,
   for (unsigned round = 0;; ++round) {
     if (done()) return;
     back_off(round);
-    if ((round & 63u) != 63u) continue;
-    const double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    if (!warned_ && waited > limits_.stall_warning_seconds) {
-      warned_ = true;
-      log_warning(std::string(what) + " has waited " + std::to_string(static_cast<int>(waited)) +
-                  " s for " + describe_missing() +
-                  "; one of them may be slower, stuck, or running different code (set TNT_LOG_LEVEL=DEBUG for details)");
-    }
-    if (waited > limits_.timeout_seconds) {
-      throw TimeoutError(std::string(what) + " timed out after " + std::to_string(static_cast<int>(waited)) +
-                         " s waiting for " + describe_missing() +
-                         ": those ranks did not take part (crashed, hung, or called a different collective); "
-                         "raise TNT_TIMEOUT_SECONDS (launcher flag --timeout) if they are merely slow");
-    }
+    if ((round & 63u) == 63u) check_time(what, describe_missing);
   }
+}
+
+void Deadline::wait(std::unique_lock<std::mutex>& lock, std::condition_variable& changed,
+                    const std::function<bool()>& done, const std::string& what,
+                    const std::function<std::string()>& describe_missing) {
+  auto at = [this](double seconds) {
+    return start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  };
+  while (!done()) {
+    const double next = warned_ ? limits_.timeout_seconds
+                                : std::min(limits_.stall_warning_seconds, limits_.timeout_seconds);
+    if (changed.wait_until(lock, at(next), done)) return;
+    check_time(what, describe_missing);
+  }
+}
+
+void Deadline::check_time(const std::string& what, const std::function<std::string()>& describe_missing) {
+  const double seconds = waited();
+  if (!warned_ && seconds > limits_.stall_warning_seconds) {
+    warned_ = true;
+    log_warning(what + " has waited " + std::to_string(static_cast<int>(seconds)) + " s for " + describe_missing() +
+                ", which may be slower, stuck, or running different code (set TNT_LOG_LEVEL=DEBUG for details)");
+  }
+  if (seconds > limits_.timeout_seconds) throw timeout_error(what, describe_missing());
+}
+
+TimeoutError Deadline::timeout_error(const std::string& what, const std::string& missing) const {
+  return TimeoutError(what + " timed out after " + std::to_string(static_cast<int>(waited())) + " s waiting for " +
+                      missing + ": " + cause_ +
+                      "; raise TNT_TIMEOUT_SECONDS (launcher flag --timeout) if they are merely slow");
 }
 
 }  // namespace tnt

@@ -1,11 +1,19 @@
-// Waiting without hanging: every blocking wait in the engine polls a
-// condition under a Deadline and backs off from spinning to sleeping, so a
-// waiting rank costs little CPU and a lost peer becomes a TimeoutError.
+// Waiting without hanging: every blocking wait in the engine runs under a
+// Deadline, the one home of the stall warning and the timeout. A wait either
+// polls a condition (MPI requests, shared-memory flags), backing off from
+// spinning to sleeping so that a waiting rank costs little CPU, or sleeps on a
+// condition variable that whoever changes the condition notifies (a progress
+// thread's results). Either way a stalled wait warns once, and a lost peer
+// becomes a TimeoutError naming what is missing.
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
+
+#include "errors.hpp"
 
 namespace tnt {
 
@@ -16,15 +24,35 @@ struct WaitLimits {
 
 class Deadline {
  public:
-  explicit Deadline(const WaitLimits& limits);
+  using Clock = std::chrono::steady_clock;
+  // What the timeout message gives as the likely cause, unless a wait says otherwise.
+  static constexpr const char* kRanksMissing =
+      "those ranks did not take part (crashed, hung, or called a different collective)";
+
+  // Counts from `start`; `cause` ends the timeout message.
+  explicit Deadline(const WaitLimits& limits, Clock::time_point start = Clock::now(),
+                    const char* cause = kRanksMissing);
+  double waited() const;
+  bool passed() const { return waited() > limits_.timeout_seconds; }
+
   // Polls `done` until it returns true. On the stall warning and on timeout,
   // `describe_missing()` names what is still awaited (e.g. "rank 2, rank 3").
   void wait(const std::function<bool()>& done, const char* what,
             const std::function<std::string()>& describe_missing);
+  // The same, sleeping on `changed` between checks of `done` (the caller holds
+  // `lock` on the mutex guarding what `done` reads; whoever changes it notifies).
+  void wait(std::unique_lock<std::mutex>& lock, std::condition_variable& changed, const std::function<bool()>& done,
+            const std::string& what, const std::function<std::string()>& describe_missing);
+  // The error a wait for `what`, still missing `missing`, ends with.
+  TimeoutError timeout_error(const std::string& what, const std::string& missing) const;
 
  private:
-  std::chrono::steady_clock::time_point start_;
+  // Warns once the stall warning time has passed; throws once the timeout has.
+  void check_time(const std::string& what, const std::function<std::string()>& describe_missing);
+
+  Clock::time_point start_;
   WaitLimits limits_;
+  const char* cause_;
   bool warned_ = false;
 };
 

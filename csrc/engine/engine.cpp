@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "errors.hpp"
+#include "fnv1a.hpp"
 #include "mpi_call.hpp"
 
 namespace tnt {
@@ -28,9 +29,9 @@ std::uint64_t machine_id() {
   std::ifstream file("/proc/sys/kernel/random/boot_id");
   std::string text;
   std::getline(file, text);
-  std::uint64_t hash = 1469598103934665603ull;
-  for (char c : text) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return hash;
+  Fnv1a hash;
+  hash.add(text);
+  return hash.value();
 }
 
 // More ranks on this machine than cores this rank may run on (see

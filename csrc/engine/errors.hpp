@@ -1,7 +1,12 @@
-// Two tiers of errors (see Note [Errors] in README of csrc):
+// Note [Errors]
+// Two tiers of errors:
 //  - TNT_ASSERT: our own bugs; the message says it is an internal error.
 //  - the exception types below: the user's or the environment's fault; their
-//    messages say what was expected, the likely cause and what to change.
+//    messages say, in one line, what was expected, the likely cause and what
+//    to change (a setting, with its TNT_ variable or launcher flag), and name
+//    ranks by their world rank. Every MPI call is checked through TNT_MPI
+//    (mpi_call.hpp), which raises MpiError with MPI's own text. The Python face
+//    maps each type to an exception of tarantella.errors (csrc/python/module.cpp).
 #pragma once
 
 #include <stdexcept>

@@ -2,7 +2,9 @@
 
 #include <cstring>
 
+#include "descriptor_exchange.hpp"
 #include "errors.hpp"
+#include "fnv1a.hpp"
 #include "log.hpp"
 #include "quarantine.hpp"
 
@@ -92,36 +94,23 @@ void FusedReducer::lay_out(std::size_t fusion_threshold_bytes) {
 }
 
 void FusedReducer::check_same_layout(std::size_t fusion_threshold_bytes) {
-  // FNV-1a over every tensor's (count, dtype): equal on all ranks iff the layouts are.
-  std::uint64_t hash = 1469598103934665603ull;
-  auto mix = [&hash](std::uint64_t value) {
-    for (int i = 0; i < 8; ++i) {
-      hash ^= (value >> (8 * i)) & 0xFFu;
-      hash *= 1099511628211ull;
-    }
-  };
+  // Note [Ranks call alike]: the hash over every tensor's (count, dtype) is equal on all ranks iff the layouts are.
+  Fnv1a hash;
   std::uint64_t total_elements = 0;
   for (const auto& tensor : tensors_) {
-    mix(tensor->spec.count);
-    mix(static_cast<std::uint64_t>(tensor->spec.dtype));
+    hash.add(tensor->spec.count);
+    hash.add(static_cast<std::uint64_t>(tensor->spec.dtype));
     total_elements += tensor->spec.count;
   }
-  const std::uint64_t mine[6] = {hash, tensors_.size(), total_elements, fusion_threshold_bytes,
-                                 static_cast<std::uint64_t>(op_), static_cast<std::uint64_t>(algorithm_)};
   ProcessGroup& group = allreducer_->group();
-  std::vector<std::uint64_t> all(6 * group.size());
-  try {
-    group.allgather(mine, sizeof mine, all.data(), "gradient reducer set-up (checking the ranks' layouts)");
-  } catch (...) {
-    if (group.failed()) quarantine(std::move(all));  // Note [Memory that a failed collective may still write]
-    throw;
-  }
-  bool same = true;
-  for (int r = 0; r < group.size(); ++r) same = same && std::memcmp(&all[6 * r], mine, sizeof mine) == 0;
-  if (same) return;
+  DescriptorExchange exchange(group, "gradient reducer set-up (checking the ranks' layouts)");
+  exchange.start(Descriptor{hash.value(), tensors_.size(), total_elements, fusion_threshold_bytes,
+                            static_cast<std::uint64_t>(op_), static_cast<std::uint64_t>(algorithm_)});
+  exchange.wait();
+  if (exchange.all_same()) return;
   std::string text = "ranks registered different gradient layouts:";
   for (int r = 0; r < group.size(); ++r) {
-    const std::uint64_t* d = &all[6 * r];
+    const Descriptor& d = exchange.of(r);
     text += std::string(r ? ";" : "") + " rank " + std::to_string(group.world_rank_of(r)) + " has " +
             std::to_string(d[1]) + " tensors of " + std::to_string(d[2]) + " elements in total (layout hash " +
             std::to_string(d[0] % 100000) + "), fusion threshold " + std::to_string(d[3]) + " bytes, op " +
@@ -299,22 +288,22 @@ void FusedReducer::wait(std::size_t tensor, void* out, std::size_t bytes) {
   Bucket& bucket = *buckets_[slot.bucket];
   const WaitLimits& limits = allreducer_->group().limits();
   {
-    std::unique_lock<std::mutex> lock(mutex_);
     // The progress thread has its own deadline for peers; this one catches a
     // bucket that never completes on this rank. It allows for the peer wait too.
-    const auto limit = std::chrono::duration<double>(2 * limits.timeout_seconds);
-    const bool done = reduced_.wait_for(lock, limit, [&] { return !error_.empty() || bucket.state == State::reduced; });
+    Deadline deadline(WaitLimits{2 * limits.timeout_seconds, 2 * limits.stall_warning_seconds},
+                      Deadline::Clock::now(), "every registered tensor must be marked ready once per step");
+    std::unique_lock<std::mutex> lock(mutex_);
+    deadline.wait(
+        lock, reduced_, [&] { return !error_.empty() || bucket.state == State::reduced; },
+        "wait: " + tensor_text(tensor) + "'s bucket " + std::to_string(slot.bucket), [&] {
+          std::string missing;
+          for (std::size_t id : bucket.tensors) {
+            if (!tensors_[id]->marked.load()) missing += (missing.empty() ? "" : ", ") + std::to_string(id);
+          }
+          return missing.empty() ? std::string("earlier buckets or other ranks")
+                                 : "tensor(s) " + missing + " of this rank";
+        });
     if (!error_.empty()) std::rethrow_exception(error_ptr_);
-    if (!done) {
-      std::string missing;
-      for (std::size_t id : bucket.tensors) {
-        if (!tensors_[id]->marked.load()) missing += (missing.empty() ? "" : ", ") + std::to_string(id);
-      }
-      throw TimeoutError("wait: " + tensor_text(tensor) + "'s bucket " + std::to_string(slot.bucket) +
-                         (missing.empty() ? std::string(" is still waiting for earlier buckets or other ranks")
-                                          : " never received tensor(s) " + missing + " of this rank") +
-                         "; every registered tensor must be marked ready once per step");
-    }
   }
   copy_result(tensor, out, bytes);
 }

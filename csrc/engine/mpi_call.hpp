@@ -5,9 +5,14 @@
 
 #include <mpi.h>
 
+#include <string>
+
 namespace tnt {
 
-void raise_mpi_error(int code, const char* call, const char* file, int line);
+// MPI's own text for an error code (or "MPI error <code>" where MPI has none).
+std::string mpi_error_text(int code);
+// Throws MpiError naming the call, MPI's text and where it was made.
+[[noreturn]] void raise_mpi_error(int code, const char* call, const char* file, int line);
 
 }  // namespace tnt
 

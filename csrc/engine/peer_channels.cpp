@@ -15,13 +15,6 @@ namespace {
 
 const char* kind_name(Transfer::Kind kind) { return kind == Transfer::Kind::send ? "send" : "receive"; }
 
-std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
-  return std::string(text, length);
-}
-
 // A receive whose size differs from the sender's is the user's mistake (the
 // two sides disagree about a tensor's shape), not an MPI failure.
 const char* const kSizeMismatch = "size mismatch: ";
@@ -234,19 +227,17 @@ void PeerChannels::finish(Transfer& transfer, Transfer::State state, const std::
 
 // See Note [Transfers expire on the progress thread].
 void PeerChannels::expire_overdue() {
-  const auto now = std::chrono::steady_clock::now();
   for (const TransferPtr& transfer : active_) {
-    const double waited = std::chrono::duration<double>(now - transfer->queued_at_).count();
-    if (waited > group_->limits().timeout_seconds) throw TimeoutError(timeout_message(*transfer, waited));
+    const Deadline deadline = deadline_of(*transfer);
+    if (deadline.passed()) throw deadline.timeout_error(transfer->describe(*group_), group_->describe_ranks({transfer->peer_}));
   }
 }
 
-std::string PeerChannels::timeout_message(const Transfer& transfer, double waited) const {
-  return transfer.describe(*group_) + " timed out after " + std::to_string(static_cast<int>(waited)) +
-         " s waiting for " + group_->describe_ranks({transfer.peer_}) + ": that rank did not post the matching " +
-         (transfer.kind_ == Transfer::Kind::send ? "receive" : "send") +
-         " (crashed, hung, or running a different schedule); raise TNT_TIMEOUT_SECONDS "
-         "(launcher flag --timeout) if it is merely slow";
+Deadline PeerChannels::deadline_of(const Transfer& transfer) const {
+  return Deadline(group_->limits(), transfer.queued_at_,
+                  transfer.kind_ == Transfer::Kind::send
+                      ? "that rank did not post the matching receive (crashed, hung, or running a different schedule)"
+                      : "that rank did not post the matching send (crashed, hung, or running a different schedule)");
 }
 
 void PeerChannels::fail_all(const std::string& error, bool timed_out) {
@@ -298,26 +289,12 @@ void PeerChannels::when_done(const TransferPtr& transfer, Callback callback) {
 }
 
 void PeerChannels::wait(const TransferPtr& transfer) {
-  const WaitLimits& limits = group_->limits();
-  const auto start = std::chrono::steady_clock::now();
-  const auto finished = [&] {
-    return transfer->state_ == Transfer::State::done || transfer->state_ == Transfer::State::failed;
-  };
+  Deadline deadline = deadline_of(*transfer);
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto warn_at = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                   std::chrono::duration<double>(limits.stall_warning_seconds));
-  const auto give_up_at = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                      std::chrono::duration<double>(limits.timeout_seconds));
-  if (warn_at < give_up_at && !finished_.wait_until(lock, warn_at, finished)) {
-    log_warning(transfer->describe(*group_) + " has waited " +
-                std::to_string(static_cast<int>(limits.stall_warning_seconds)) + " s; " +
-                group_->describe_ranks({transfer->peer_}) +
-                " may be slower, stuck, or at a different point of the schedule (set TNT_LOG_LEVEL=DEBUG for details)");
-  }
-  if (!finished_.wait_until(lock, give_up_at, finished)) {
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    throw TimeoutError(timeout_message(*transfer, waited));
-  }
+  deadline.wait(
+      lock, finished_,
+      [&] { return transfer->state_ == Transfer::State::done || transfer->state_ == Transfer::State::failed; },
+      transfer->describe(*group_), [&] { return group_->describe_ranks({transfer->peer_}); });
   if (transfer->state_ == Transfer::State::failed) rethrow(*transfer);
 }
 

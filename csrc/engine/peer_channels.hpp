@@ -59,6 +59,7 @@
 #include <thread>
 #include <vector>
 
+#include "deadline.hpp"
 #include "process_group.hpp"
 
 namespace tnt {
@@ -135,7 +136,8 @@ class PeerChannels {
   void finish(Transfer& transfer, Transfer::State state, const std::string& error);
   void fail_all(const std::string& error, bool timed_out = false);
   [[noreturn]] void rethrow(const Transfer& transfer) const;
-  std::string timeout_message(const Transfer& transfer, double waited) const;
+  // The transfer's timeout, counted from when it was queued.
+  Deadline deadline_of(const Transfer& transfer) const;
   void expire_overdue();
 
   std::unique_ptr<ProcessGroup> group_;  // own duplicate (Note [One communicator per user])

@@ -83,11 +83,29 @@ void ProcessGroup::mark_failed(const std::string& reason) {
   health_->failed.store(true, std::memory_order_release);
 }
 
+namespace {
+thread_local WaitHook* t_wait_hook = nullptr;
+}
+
+WaitHook::WaitHook(std::function<void()> poll) : poll_(std::move(poll)), outer_(t_wait_hook) { t_wait_hook = this; }
+
+WaitHook::~WaitHook() { t_wait_hook = outer_; }
+
+void WaitHook::poll_current() {
+  if (t_wait_hook) t_wait_hook->poll_();
+}
+
 void ProcessGroup::wait_until(const std::function<bool()>& done, const char* what,
                               const std::function<std::string()>& describe_missing) {
   Deadline deadline(limits_);
   try {
-    deadline.wait(done, what, describe_missing);
+    // Note [Checks that ride along a wait]
+    deadline.wait(
+        [&] {
+          WaitHook::poll_current();
+          return done();
+        },
+        what, describe_missing);
   } catch (const TimeoutError& error) {
     mark_failed(error.what());
     throw;

@@ -17,8 +17,10 @@
 // such failure marks the group failed, together with every group made from
 // the same root by duplicate() or split() (a lost peer is lost to all of
 // them), and every later collective raises GroupFailedError at once, naming
-// the first failure. A mismatch (MismatchError) is detected by all ranks alike
-// before any data moves and leaves the group usable.
+// the first failure. A mismatch (MismatchError) that all ranks detect alike
+// before any data moves (on one node, at a reducer's set-up) leaves the group
+// usable; one detected while the data moves (an allreduce across nodes, Note
+// [Checking calls alongside the data]) fails the group like a timeout.
 #pragma once
 
 #include <mpi.h>
@@ -130,6 +132,29 @@ class ProcessGroup {
   std::vector<int> world_ranks_;
   WaitLimits limits_;
   std::shared_ptr<GroupHealth> health_;
+};
+
+// Note [Checks that ride along a wait]
+// While a WaitHook lives on a thread, every wait of every process group on
+// that thread (ProcessGroup::wait_until, and so every collective, exchange and
+// shared-memory wait) calls its `poll` between polls of what it waits for. A
+// check that runs alongside a collective (Note [Checking calls alongside the
+// data]) thus gets MPI progress and can end the collective with its own error
+// at once, whichever sub-group (node, peers) the collective waits on. An
+// allreduce runs on one thread from start to end, so a thread-local hook
+// reaches exactly its waits. Hooks nest; the innermost one is polled.
+class WaitHook {
+ public:
+  explicit WaitHook(std::function<void()> poll);
+  ~WaitHook();
+  WaitHook(const WaitHook&) = delete;
+  WaitHook& operator=(const WaitHook&) = delete;
+  // Polls this thread's innermost hook, if any.
+  static void poll_current();
+
+ private:
+  std::function<void()> poll_;
+  WaitHook* outer_;
 };
 
 // MPI counts are ints; every message of the engine stays below this.

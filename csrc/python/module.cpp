@@ -63,18 +63,20 @@ void keep_if_failed(tnt::ProcessGroup& group, std::initializer_list<py::object> 
   for (const py::object& array : arrays) kept->push_back(array);
 }
 
-// A process group as Python sees it: the world (owned by the engine) or a sub-group.
-class Group {
+// The Python face's handle on a tnt::ProcessGroup and the Allreducer that runs
+// its allreduces: borrowed from the engine for the world, owned for a sub-group.
+// Python's public tnt.Group (tarantella/collectives.py) wraps one.
+class GroupHandle {
  public:
-  static std::shared_ptr<Group> world() {
-    auto group = std::make_shared<Group>();
+  static std::shared_ptr<GroupHandle> world() {
+    auto group = std::make_shared<GroupHandle>();
     tnt::Engine& engine = tnt::Engine::get();
     group->group_ = &engine.world();
     group->allreducer_ = &engine.world_allreducer();
     return group;
   }
-  static std::shared_ptr<Group> adopt(std::unique_ptr<tnt::ProcessGroup> owned) {
-    auto group = std::make_shared<Group>();
+  static std::shared_ptr<GroupHandle> adopt(std::unique_ptr<tnt::ProcessGroup> owned) {
+    auto group = std::make_shared<GroupHandle>();
     group->owned_group_ = std::move(owned);
     group->owned_allreducer_ = std::make_unique<tnt::Allreducer>(*group->owned_group_);
     group->group_ = group->owned_group_.get();
@@ -111,7 +113,7 @@ class Group {
 };
 
 py::array allreduce(const py::array& input, std::optional<py::array> out, const std::string& op,
-                    const std::string& algorithm, Group& group) {
+                    const std::string& algorithm, GroupHandle& group) {
   const py::array in = contiguous(input);
   py::array result = out ? *out : py::array(in.dtype(), std::vector<py::ssize_t>(in.shape(), in.shape() + in.ndim()));
   require_writable_like(result, in, "allreduce");
@@ -129,7 +131,7 @@ py::array allreduce(const py::array& input, std::optional<py::array> out, const 
   return result;
 }
 
-py::array broadcast(const py::array& input, int root, Group& group) {
+py::array broadcast(const py::array& input, int root, GroupHandle& group) {
   py::array buffer = py::array::ensure(input, py::array::c_style);
   if (!buffer.writeable()) throw tnt::UsageError("broadcast: the array must be writable");
   tnt::ProcessGroup& process_group = group.group();
@@ -143,7 +145,7 @@ py::array broadcast(const py::array& input, int root, Group& group) {
   return buffer;
 }
 
-py::array allgather(const py::array& input, Group& group) {
+py::array allgather(const py::array& input, GroupHandle& group) {
   const py::array in = contiguous(input);
   std::vector<py::ssize_t> shape{group.group().size()};
   shape.insert(shape.end(), in.shape(), in.shape() + in.ndim());
@@ -159,7 +161,7 @@ py::array allgather(const py::array& input, Group& group) {
   return result;
 }
 
-std::vector<py::bytes> allgather_bytes(const py::bytes& data, Group& group) {
+std::vector<py::bytes> allgather_bytes(const py::bytes& data, GroupHandle& group) {
   // Held by a shared pointer so that a failed call can keep it (Note [Memory that a failed collective may still write]).
   auto mine = std::make_shared<std::string>(data);
   std::vector<std::vector<char>> blocks;
@@ -179,7 +181,7 @@ std::vector<py::bytes> allgather_bytes(const py::bytes& data, Group& group) {
 class Reducer {
  public:
   Reducer(const std::vector<std::tuple<std::size_t, std::string>>& tensors, std::size_t fusion_threshold_bytes,
-          const std::string& op, const std::string& algorithm, Group& group) {
+          const std::string& op, const std::string& algorithm, GroupHandle& group) {
     std::vector<tnt::TensorSpec> specs;
     for (const auto& [count, dtype] : tensors) specs.push_back({count, tnt::dtype_from_name(dtype)});
     std::unique_ptr<tnt::FusedReducer> reducer;
@@ -273,31 +275,31 @@ PYBIND11_MODULE(_engine, m) {
   m.def("reductions_performed", &tnt::FusedReducer::reductions_completed_in_process,
         "bucket allreduces completed by every gradient reducer of this process, closed ones included");
 
-  py::class_<Group, std::shared_ptr<Group>>(m, "Group")
-      .def_static("world", &Group::world)
-      .def_property_readonly("rank", [](Group& g) { return g.group().rank(); })
-      .def_property_readonly("size", [](Group& g) { return g.group().size(); })
-      .def_property_readonly("on_one_node", [](Group& g) { return g.group().on_one_node(); })
-      .def_property_readonly("local_rank", [](Group& g) { return g.group().local_rank(); })
-      .def_property_readonly("local_size", [](Group& g) { return g.group().local_size(); })
-      .def_property_readonly("node_count", [](Group& g) { return g.group().node_count(); })
-      .def_property_readonly("equal_ranks_per_node", [](Group& g) { return g.group().equal_ranks_per_node(); })
-      .def_property_readonly("failed", [](Group& g) { return g.group().failed(); })
-      .def_property_readonly("first_failure", [](Group& g) { return g.group().first_failure(); })
+  py::class_<GroupHandle, std::shared_ptr<GroupHandle>>(m, "GroupHandle")
+      .def_static("world", &GroupHandle::world)
+      .def_property_readonly("rank", [](GroupHandle& g) { return g.group().rank(); })
+      .def_property_readonly("size", [](GroupHandle& g) { return g.group().size(); })
+      .def_property_readonly("on_one_node", [](GroupHandle& g) { return g.group().on_one_node(); })
+      .def_property_readonly("local_rank", [](GroupHandle& g) { return g.group().local_rank(); })
+      .def_property_readonly("local_size", [](GroupHandle& g) { return g.group().local_size(); })
+      .def_property_readonly("node_count", [](GroupHandle& g) { return g.group().node_count(); })
+      .def_property_readonly("equal_ranks_per_node", [](GroupHandle& g) { return g.group().equal_ranks_per_node(); })
+      .def_property_readonly("failed", [](GroupHandle& g) { return g.group().failed(); })
+      .def_property_readonly("first_failure", [](GroupHandle& g) { return g.group().first_failure(); })
       .def("choose_algorithm",
-           [](Group& g, std::size_t bytes) { return std::string(tnt::algorithm_name(g.allreducer().choose(bytes))); })
-      .def("close", &Group::close)
-      .def("world_rank_of", [](Group& g, int rank) { return g.group().world_rank_of(rank); })
+           [](GroupHandle& g, std::size_t bytes) { return std::string(tnt::algorithm_name(g.allreducer().choose(bytes))); })
+      .def("close", &GroupHandle::close)
+      .def("world_rank_of", [](GroupHandle& g, int rank) { return g.group().world_rank_of(rank); })
       .def("split",
-           [](Group& g, int color, int key) {
+           [](GroupHandle& g, int color, int key) {
              std::unique_ptr<tnt::ProcessGroup> sub;
              {
                py::gil_scoped_release release;
                sub = g.group().split(color, key);
              }
-             return Group::adopt(std::move(sub));
+             return GroupHandle::adopt(std::move(sub));
            })
-      .def("barrier", [](Group& g) {
+      .def("barrier", [](GroupHandle& g) {
         py::gil_scoped_release release;
         g.group().barrier();
       });
@@ -310,7 +312,7 @@ PYBIND11_MODULE(_engine, m) {
 
   py::class_<Reducer>(m, "Reducer")
       .def(py::init<const std::vector<std::tuple<std::size_t, std::string>>&, std::size_t, const std::string&,
-                    const std::string&, Group&>(),
+                    const std::string&, GroupHandle&>(),
            py::arg("tensors"), py::arg("fusion_threshold_bytes"), py::arg("op"), py::arg("algorithm"),
            py::arg("group"))
       .def_property_readonly("id", &Reducer::id)

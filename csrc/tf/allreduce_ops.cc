@@ -39,7 +39,7 @@ using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
 constexpr size_t kErrorSize = 1024;
-constexpr int kEngineAbiVersion = 1;
+constexpr int kEngineAbiVersion = TNT_ENGINE_ABI_VERSION;  // as compiled in; the engine's is asked at run time
 
 REGISTER_OP("TntStartAllreduce")
     .Input("gradient: T")

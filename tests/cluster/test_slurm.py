@@ -1,7 +1,7 @@
 """tarantella under a real (one-node) Slurm: sbatch and salloc jobs form one world,
-train alike on every rank, keep their settings without --export, end when a rank
-fails; and srun without the launcher is stopped, not run as N copies
-(tests/cluster/slurm_fixture.py starts and stops the daemons)."""
+keep their settings without --export, end when a rank fails; and srun without the
+launcher is stopped, not run as N copies (tests/cluster/slurm_fixture.py starts and
+stops the daemons). Training under Slurm, on two nodes: test_slurm_hosts.py."""
 from __future__ import annotations
 
 import os
@@ -24,13 +24,15 @@ JOB_ENV = f"cd {shlex.quote(REPO_ROOT)} && export PYTHONPATH={shlex.quote(REPO_R
 
 
 @pytest.mark.multirank
-@pytest.mark.timeout(300)
-def test_sbatch_job_trains_alike_on_all_ranks(slurm, tmp_path):
+@pytest.mark.timeout(200)
+def test_sbatch_job_forms_one_world_and_keeps_its_settings(slurm, tmp_path):
+    """The layout only: a training step under Slurm runs in tests/cluster/test_slurm_hosts.py
+    (two nodes), which this one node would only repeat."""
     out = tmp_path / "job.out"
     command = shlex.join([*LAUNCHER, "--timeout", "123", "--output-on-all-devices", "--",
-                          PROGRAM])
+                          PROGRAM, "layout-only"])
     done = slurm.run(["sbatch", "-n", "2", "-c", "1", "--export=NONE", "--wait", "-o", str(out),
-                      "--wrap", f"{JOB_ENV} {command}"], timeout=280)
+                      "--wrap", f"{JOB_ENV} {command}"], timeout=180)
     text = out.read_text() if out.exists() else ""
     assert done.returncode == 0, done.stderr + text
     found = rank_results(text)
@@ -39,8 +41,6 @@ def test_sbatch_job_trains_alike_on_all_ranks(slurm, tmp_path):
         assert values["size"] == 2 and values["allreduce_ok"]
         assert values["omp_threads"] == "1"          # sbatch -c 1
         assert values["timeout_seconds"] == 123.0    # the flag, without --export
-        assert values["weights_changed"] and values["serial_difference"] < 1e-5
-    assert len({values["weights_sha256"] for values in found.values()}) == 1, found
 
 
 @pytest.mark.multirank

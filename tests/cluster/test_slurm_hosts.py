@@ -51,9 +51,10 @@ def _check_one_rank_per_host(found: dict[int, dict], hosts: list[str], text: str
 def test_sbatch_on_two_nodes_trains_one_world_with_a_rank_per_host(slurm_on_hosts, tmp_path):
     hosts = slurm_on_hosts.hosts.hosts
     out = tmp_path / "job.out"
-    command = shlex.join([*LAUNCHER, "--output-on-all-devices", "--", PROGRAM])
+    command = shlex.join([*LAUNCHER, "--timeout", "123", "--output-on-all-devices", "--",
+                          PROGRAM])
     done = slurm_on_hosts.run(
-        ["sbatch", "-N", "2", "-n", "2", "--time=4", "--wait", "-o", str(out), "--wrap",
+        ["sbatch", "-N", "2", "-n", "2", "-c", "1", "--time=4", "--wait", "-o", str(out), "--wrap",
          f'echo "batch host $(hostname), nodes $SLURM_JOB_NUM_NODES"; {JOB_ENV} {command}'],
         timeout=280)
     text = out.read_text() if out.exists() else ""
@@ -62,6 +63,8 @@ def test_sbatch_on_two_nodes_trains_one_world_with_a_rank_per_host(slurm_on_host
     found = rank_results(text)
     _check_one_rank_per_host(found, hosts, text)
     for values in found.values():
+        # the settings reach the rank on the other host too (mpirun -x through its daemon)
+        assert values["omp_threads"] == "1" and values["timeout_seconds"] == 123.0, values
         assert values["weights_changed"] and values["serial_difference"] < 1e-5, values
     assert len({values["weights_sha256"] for values in found.values()}) == 1, found
     assert _job_leftovers(slurm_on_hosts) == {}

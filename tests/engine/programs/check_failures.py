@@ -55,7 +55,7 @@ expect(tnt.MismatchError, "reducer layout mismatch",
 reducer = _engine.Reducer([(10, "float32"), (10, "float32")], 1 << 20, "sum", "auto", tnt.Group.world()._handle)
 reducer.ready(0, np.ones(10, np.float32))
 expect(tnt.CollectiveTimeoutError, "wait for a tensor never marked ready",
-       lambda: reducer.wait(0, np.empty(10, np.float32)), "never received tensor(s) 1")
+       lambda: reducer.wait(0, np.empty(10, np.float32)), "waiting for tensor(s) 1 of this rank")
 expect(ValueError, "tensor marked ready twice", lambda: reducer.ready(0, np.ones(10, np.float32)),
        "marked ready twice")
 reducer.close()

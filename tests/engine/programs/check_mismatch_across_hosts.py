@@ -1,0 +1,91 @@
+"""Ranks that call an allreduce differently across hosts (a namespace cluster) get a
+clear MismatchError, promptly, never a hang or a silent wrong result
+(Note [Checking calls alongside the data] in csrc/engine/allreduce_call_check.hpp).
+
+    check_mismatch_across_hosts.py count       (2 hosts x 1 rank, or 2 hosts x 2 ranks)
+    check_mismatch_across_hosts.py algorithm   (2 hosts x 2 ranks: partners that never send)
+
+Run with a timeout (TNT_TIMEOUT_SECONDS) longer than the test's own: a mismatch
+found only by timing out fails the test. Prints "OK <name>" per check, then
+LEAVING; the group has failed by then, so the engine does not finalise MPI and
+the job ends non-zero.
+"""
+import sys
+
+import numpy as np
+
+import tarantella as tnt
+from tarantella.errors import GroupFailedError
+
+rank, size = tnt.get_rank(), tnt.get_size()
+world = tnt.Group.world()._handle
+last = size - 1
+mode = sys.argv[1]
+assert not world.on_one_node, "run this program on several hosts"
+
+
+def ok(name):
+    print(f"OK {name}", flush=True)
+
+
+def expect(error_type, what, call, *needles):
+    try:
+        call()
+    except error_type as error:
+        text = str(error)
+        missing = [needle for needle in needles if needle not in text]
+        assert not missing, f"{what}: message lacks {missing}: {text}"
+        assert "\n" not in text, f"{what}: message is not one line: {text!r}"
+        ok(what)
+        return text
+    raise AssertionError(f"{what}: no {error_type.__name__} raised")
+
+
+def calls_alike():
+    for algorithm in ("auto", "hierarchical", "ring", "recursive_doubling", "rabenseifner", "mpi"):
+        got = tnt.allreduce(np.full(1000, rank + 1, np.float32), algorithm=algorithm)
+        assert np.array_equal(got, np.full(1000, size * (size + 1) / 2, np.float32)), (algorithm, got[:4])
+    ok("calls alike are right")
+
+
+if mode == "algorithm":
+    calls_alike()
+    # The last rank runs the ring, the others Rabenseifner: some ranks wait for partners that
+    # never send. The check, polled by those waits, ends them (TNT_TIMEOUT_SECONDS is far off).
+    algorithm = "ring" if rank == last else "rabenseifner"
+    text = expect(tnt.MismatchError, "algorithm mismatch alongside the data",
+                  lambda: tnt.allreduce(np.ones(1 << 16, np.float32), algorithm=algorithm),
+                  "rank 0 had float32[65536] sum via rabenseifner", f"rank {last} had float32[65536] sum via ring",
+                  "unusable")
+elif world.equal_ranks_per_node and world.local_size > 1:
+    # The first hierarchical call of a group checks before any data moves (making the
+    # hierarchical allreduce is collective): a mismatch there leaves the group usable.
+    count = 11 if rank == last else 10
+    expect(tnt.MismatchError, "count mismatch before the first hierarchical call",
+           lambda: tnt.allreduce(np.ones(count, np.float32), algorithm="hierarchical"),
+           "rank 0 had float32[10] sum via hierarchical", f"rank {last} had float32[11] sum via hierarchical")
+    assert tnt.allreduce(np.ones(4), algorithm="hierarchical").tolist() == [size] * 4
+    assert not world.failed
+    ok("usable after a mismatch found before the data moved")
+    calls_alike()
+    # Later ones check alongside the data: the last rank asks for another count (its
+    # node's shared-memory round sees it first, the other node only through the check).
+    text = expect(tnt.MismatchError, "count mismatch alongside hierarchical data",
+                  lambda: tnt.allreduce(np.ones(count * 1000, np.float32), algorithm="hierarchical"),
+                  "rank 0 had float32[10000] sum via hierarchical",
+                  f"rank {last} had float32[11000] sum via hierarchical", "unusable")
+else:
+    calls_alike()
+    # One rank per host: the last rank's message is longer than the others' receive.
+    count = 11 if rank == last else 10
+    text = expect(tnt.MismatchError, "count mismatch alongside the data",
+                  lambda: tnt.allreduce(np.ones(count * 1000, np.float32)),
+                  "rank 0 had float32[10000] sum via auto", f"rank {last} had float32[11000] sum via auto",
+                  "unusable")
+
+# After a mismatch found while data moved the group has failed: every later call refuses at once,
+# naming the mismatch (the launcher's timeout of the test would catch a hang).
+assert world.failed
+expect(GroupFailedError, "refused after the mismatch", lambda: tnt.allreduce(np.ones(4)),
+       "allreduce called differently on different ranks")
+print("LEAVING", flush=True)
