@@ -15,7 +15,9 @@ Note [mpirun inside Slurm]
   data-parallel job would silently train N independent copies. mpirun of the MPI
   the engine was built with forms the world itself: it reads the allocation (nodes
   and tasks per node: Open MPI's ras/slurm, MPICH's hydra) and starts its daemons on
-  the other nodes with srun. So inside an allocation the launcher runs mpirun too;
+  the other nodes with srun (checked with Open MPI 5 and Slurm 22.05 on two slurmd
+  hosts, from a batch script on the first node and from salloc on a login node:
+  tests/cluster/test_slurm_hosts.py). So inside an allocation the launcher runs mpirun too;
   the ranks' settings travel with mpirun's -x/-genv, not with srun's --export.
   Should a rank still find itself alone, tnt.init() stops it (tarantella/world_check.py).
 """
