@@ -1,6 +1,8 @@
 #include "fused_reducer.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "descriptor_exchange.hpp"
 #include "errors.hpp"
@@ -91,6 +93,8 @@ void FusedReducer::lay_out(std::size_t fusion_threshold_bytes) {
     bucket->missing_inputs = static_cast<int>(bucket->tensors.size());
     bucket->missing_outputs = static_cast<int>(bucket->tensors.size());
   }
+  order_.resize(buckets_.size());
+  std::iota(order_.begin(), order_.end(), std::size_t{0});  // Note [Buckets are reduced in an agreed order]
 }
 
 void FusedReducer::check_same_layout(std::size_t fusion_threshold_bytes) {
@@ -166,7 +170,7 @@ void FusedReducer::ready(std::size_t tensor, const void* data, std::size_t bytes
 // Note [One progress thread]
 // One background thread per reducer issues every bucket's allreduce, because
 // MPI collectives on a communicator must be issued in one order (Note
-// [Buckets are reduced in id order]) and a single thread gives that order for
+// [Buckets are reduced in an agreed order]) and a single thread gives that order for
 // free. It runs asynchronously to the framework so that backprop goes on
 // computing while buckets travel: ready() only copies and queues. A thread per
 // tensor would oversubscribe the cores that compute the gradients and still
@@ -185,11 +189,13 @@ void FusedReducer::progress_loop() {
       bucket->state = State::reducing;
       bucket->times.started = now();
     }
+    const std::size_t id = next_bucket_;
     try {
       const AllreduceCall call{bucket->buffer.data(), bucket->buffer.data(), bucket->count, bucket->dtype, op_};
       allreducer_->run(call, algorithm_, /*verified=*/true);
+      advance_order();  // before the waiters wake: this step's queued times are all still in place
     } catch (const std::exception& error) {
-      fail("gradient bucket " + std::to_string(next_bucket_) + ": " + error.what());
+      fail("gradient bucket " + std::to_string(id) + ": " + error.what());
       return;
     }
     std::vector<Callback> waiters;
@@ -203,8 +209,42 @@ void FusedReducer::progress_loop() {
     }
     reduced_.notify_all();
     for (Callback& waiter : waiters) waiter(std::string());
-    next_bucket_ = (next_bucket_ + 1) % buckets_.size();
   }
+}
+
+void FusedReducer::advance_order() {
+  position_ = (position_ + 1) % order_.size();
+  if (position_ == 0 && ++steps_taken_ == kStepsBeforeReordering && order_.size() > 1) agree_on_ready_order();
+  next_bucket_ = order_[position_];
+}
+
+// Note [Buckets are reduced in an agreed order]. Called once the step's last
+// bucket was taken, before its results are delivered: every bucket was queued
+// in this step (the framework collects that bucket's results, and so begins
+// its next step, only after it is reduced). A mixed snapshot would still give
+// one order on all ranks.
+void FusedReducer::agree_on_ready_order() {
+  std::vector<std::uint64_t> order(order_.size());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::iota(order.begin(), order.end(), std::uint64_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](std::uint64_t a, std::uint64_t b) {
+      return buckets_[a]->times.queued < buckets_[b]->times.queued;
+    });
+  }
+  ProcessGroup& group = allreducer_->group();
+  try {
+    group.broadcast(order.data(), order.size() * sizeof(std::uint64_t), 0);
+  } catch (...) {
+    if (group.failed()) quarantine(std::move(order));  // Note [Memory that a failed collective may still write]
+    throw;
+  }
+  std::vector<bool> seen(order_.size(), false);
+  for (std::uint64_t id : order) {
+    TNT_ASSERT(id < seen.size() && !seen[id], "the agreed bucket order is not a permutation of the buckets");
+    seen[id] = true;
+  }
+  order_.assign(order.begin(), order.end());
 }
 
 void FusedReducer::fail(const std::string& error) {

@@ -6,13 +6,23 @@
 // bucket per tensor). Each training step, every tensor is marked ready once
 // and its result collected once.
 //
-// Note [Buckets are reduced in id order]
+// Note [Buckets are reduced in an agreed order]
 // Collectives must be issued in the same order on every rank, but ranks may
 // mark tensors ready in different orders. Buckets therefore have static ids
-// and the progress thread reduces them strictly in id order: a bucket that is
-// complete early simply waits for its predecessors. Nothing deadlocks and no
-// bucket is matched with another rank's different bucket; if the framework's
-// real order differs from the registered one, only overlap is lost.
+// and the progress thread reduces them in one order that every rank holds: a
+// bucket complete early simply waits for those before it in that order.
+// Nothing deadlocks (ready() never waits for a result, so every bucket of a
+// step gets queued whatever the order) and no bucket is matched with another
+// rank's different bucket. The order starts as the id order (the registration
+// order: the framework's guess). Once the last bucket of the second step
+// (kStepsBeforeReordering) is taken, every rank's progress thread, at the same
+// point of its sequence of collectives, sorts the buckets by when they were
+// queued in that step and takes group rank 0's order (a broadcast); buckets
+// are reduced in that order from the next step on, as PyTorch DDP rebuilds its
+// buckets in the order gradients became ready after the first iteration (here
+// the layout stays, only the order changes). The second step, not the first:
+// the first also builds and warms up the framework's step. If the real order
+// changes later, only overlap is lost.
 //
 // Lifecycle, in the order the stages run:
 //   FusedReducer()   framework thread, once: lay out buckets, check that all
@@ -22,7 +32,7 @@
 //                    as the tensor exists: copy it into its bucket; the last
 //                    copy into a bucket queues the bucket.
 //   progress_loop()  the progress thread: allreduce queued buckets in id
-//                    order (Note [Buckets are reduced in id order]), then wake
+//                    order (Note [Buckets are reduced in an agreed order]), then wake
 //                    the bucket's waiters.
 //   when_reduced() / wait()
 //                    any framework thread, once per tensor per step: get the
@@ -135,6 +145,11 @@ class FusedReducer {
   void lay_out(std::size_t fusion_threshold_bytes);
   void check_same_layout(std::size_t fusion_threshold_bytes);
   void progress_loop();
+  // Progress thread, once it took bucket next_bucket_: the next bucket of the
+  // agreed order (Note [Buckets are reduced in an agreed order]); collective
+  // once, at the end of step kStepsBeforeReordering.
+  void advance_order();
+  void agree_on_ready_order();
   void fail(const std::string& error);
   void fail_with(std::exception_ptr error, const std::string& text);
   void stop_progress_thread();
@@ -155,7 +170,11 @@ class FusedReducer {
   std::string error_;                 // guarded by mutex_; once set, every call fails with it
   std::exception_ptr error_ptr_;      // guarded by mutex_; the exception behind error_
   std::atomic<bool> failed_{false};   // error_ is set; read without the lock on hot paths
-  std::size_t next_bucket_ = 0;       // progress thread only: the bucket it reduces next
+  std::size_t next_bucket_ = 0;       // progress thread only: the bucket it reduces next, order_[position_]
+  std::vector<std::size_t> order_;    // progress thread only: bucket ids in the agreed order (a permutation)
+  std::size_t position_ = 0;          // progress thread only: next_bucket_'s index in order_
+  std::uint64_t steps_taken_ = 0;     // progress thread only: steps whose every bucket it took
+  static constexpr std::uint64_t kStepsBeforeReordering = 2;
   std::atomic<std::uint64_t> reductions_completed_{0};  // written by the progress thread only
   bool closed_ = false;               // framework thread only: close() ran
   std::thread progress_thread_;       // last member: starts after everything above exists

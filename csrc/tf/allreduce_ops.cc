@@ -14,8 +14,10 @@
 // op that blocked an inter-op thread while its bucket waits for gradients not
 // yet computed could starve the very ops that complete the bucket (deadlock
 // with few inter-op threads). Both ops are stateful, so TensorFlow neither
-// prunes nor merges them; tf.function then runs such ops in creation order, so
-// the Python side creates every start op (in bucket order) before any finish.
+// prunes, folds nor merges them; the Python side takes them out of
+// tf.function's creation-order chain of stateful ops, so that each is ordered
+// by its data alone (Note [Start and finish ops are not chained] in
+// tarantella/keras/graph_allreduce.py).
 #include <cstring>
 #include <string>
 

@@ -3,20 +3,50 @@ step, through the engine's fused reducer and the op library (csrc/tf).
 
 The tensors are registered once, in the order they are expected to become
 ready (for gradients: the order backprop produces them, the reverse of
-`trainable_variables`), since the progress thread reduces buckets in
-registration order (Note [Buckets are reduced in id order] in
-csrc/engine/fused_reducer.hpp). Per step, each tensor gets a start op that
-depends on that tensor alone, so its bucket's allreduce can begin while
-backprop continues, and a finish op that yields the sum
-(Note [Start and finish are separate ops] in csrc/tf/allreduce_ops.cc).
+`trainable_variables`): the progress thread reduces buckets in registration
+order until it has seen the order of a real step, then in that order (Note
+[Buckets are reduced in an agreed order] in csrc/engine/fused_reducer.hpp).
+Per step, each tensor gets a start op that depends on that tensor alone, so
+its bucket's allreduce can begin while backprop continues, and a finish op
+that yields the sum (Note [Start and finish are separate ops] in
+csrc/tf/allreduce_ops.cc).
+
+Note [Start and finish ops are not chained]
+Both ops are stateful (TensorFlow must neither prune, constant-fold nor merge
+a collective), and tf.function's automatic control dependencies run the
+stateful ops of a function that touch no resource one after another in
+creation order: every start would wait for the previous one, so one gradient
+produced late held back every later bucket, and every finish (and with it the
+optimizer's update of every variable) waited for the last start. The ops'
+only side effect is the hand-over to the reducer, whose result reaches
+nothing but their own finish op, by data. So each op is handed to the
+function's automatic-control-dependency manager as an independent op
+(`run_independently`, the mechanism TensorFlow uses for its order-insensitive
+stateful ops, MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS): it stays stateful and
+must run before the function returns, but is ordered by its data alone. A
+start then runs the moment its tensor exists, in whatever order backprop
+produces them, and a finish as soon as its bucket is reduced, so the update of
+an early bucket's variables proceeds while later buckets travel. Ranks may
+now hand tensors over in different orders: buckets have static ids and are
+reduced in one agreed order (Note [Buckets are reduced in an agreed order]), and
+each reducer has its own progress thread and communicator, so nothing
+deadlocks. The no-overlap mode adds explicit control edges from every tensor
+to every start (a barrier the graph optimiser keeps; an IdentityN barrier,
+used before, is removed by Grappler's dependency optimiser).
 """
 from __future__ import annotations
+
+import contextlib
+import functools
+import logging
 
 import tensorflow as tf
 
 from tarantella import runtime, tf_ops
 
-__all__ = ["GraphAllreducer"]
+__all__ = ["GraphAllreducer", "unchained"]
+
+logger = logging.getLogger("tarantella")
 
 
 class GraphAllreducer:
@@ -41,6 +71,10 @@ class GraphAllreducer:
     @property
     def bucket_count(self) -> int:
         return self._reducer.bucket_count
+
+    def bucket_of(self, tensor: int) -> int:
+        """The bucket that holds tensor `tensor` (its index in the registration order)."""
+        return self._reducer.bucket_of(tensor)
 
     def bucket_bytes(self) -> list[int]:
         return [self._reducer.bucket_bytes(b) for b in range(self._reducer.bucket_count)]
@@ -73,14 +107,33 @@ class GraphAllreducer:
             raise ValueError("tarantella: the tensors to reduce differ from the ones registered: "
                              f"{[(t.shape, t.dtype.name) for t in tensors]} vs "
                              f"{[(s, d.name) for s, d in zip(self.shapes, self.dtypes)]}")
-        if not overlap:
-            tensors = tf.identity_n(tensors)
         reducer = self._reducer.id
-        # All start ops before any finish op: tf.function runs stateful ops in creation order.
-        tokens = [self._ops.tnt_start_allreduce(tensor, reducer=reducer, tensor=index)
-                  for index, tensor in enumerate(tensors)]
-        return [self._ops.tnt_finish_allreduce(token, T=dtype, shape=shape, reducer=reducer, tensor=index)
+        # Note [Start and finish ops are not chained]
+        with contextlib.nullcontext() if overlap else tf.control_dependencies(tensors):
+            tokens = [unchained(self._ops.tnt_start_allreduce(tensor, reducer=reducer, tensor=index))
+                      for index, tensor in enumerate(tensors)]
+        return [unchained(self._ops.tnt_finish_allreduce(token, T=dtype, shape=shape, reducer=reducer, tensor=index))
                 for index, (token, dtype, shape) in enumerate(zip(tokens, self.dtypes, self.shapes))]
 
     def close(self) -> None:
         self._reducer.close()
+
+
+def unchained(tensor: tf.Tensor) -> tf.Tensor:
+    """`tensor`, whose op (stateful) is ordered by its data alone, not behind the function's other
+    stateful ops (Note [Start and finish ops are not chained]). Eager: nothing to do."""
+    if tf.executing_eagerly():
+        return tensor
+    op = tensor.op
+    manager = getattr(op.graph, "experimental_acd_manager", None)
+    if manager is not None:
+        manager.run_independently(op)
+    elif getattr(op.graph, "_add_control_dependencies", False):  # pragma: no cover - another TensorFlow
+        _warn_chained()
+    return tensor
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_chained() -> None:
+    logger.warning("tarantella: this TensorFlow has no automatic-control-dependency manager on its graphs; "
+                   "allreduce start ops run in creation order (correct, less overlap)")

@@ -9,7 +9,9 @@ the backward span's end, over the whole allreduce busy time: communication done
 while backprop still computes is hidden; what runs after the last gradient
 exists is exposed. Exposed communication is the time from the last gradient to
 the end of the last allreduce. With overlap_communication=False no allreduce
-starts before every gradient exists, so the share is about 0 there. (The former
+starts before every gradient exists (every start op has a control edge from
+every gradient, Note [Start and finish ops are not chained] in
+graph_allreduce.py), so the share is 0 there up to clock rounding. (The former
 measure took the moment the last bucket was QUEUED as the end of backprop; in
 the no-overlap mode the start ops queue buckets one after another after backprop,
 so it called a quarter of that mode's communication hidden.)

@@ -21,7 +21,8 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
     assert not list(tmp_path.glob("trace.json.rank*")), "per-rank files are removed after a clean merge"
     with open(target) as handle:
         trace = json.load(handle)  # loadable JSON
-    bucket_bytes = json.loads(re.search(r"BUCKETS (\[.*\])", result.stdout).group(1))
+    bucket_bytes = json.loads(re.search(r"\bBUCKETS (\[.*\])", result.stdout).group(1))
+    gradient_buckets = set(json.loads(re.search(r"GRADIENT_BUCKETS (\[.*\])", result.stdout).group(1)))
     events = trace["traceEvents"]
     assert {e["pid"] for e in events} == {0, 1}
     thread_names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
@@ -40,28 +41,25 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
             inside = lambda e: step_span["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step_span["ts"] + step_span["dur"]
             assert inside(backward) and inside(update) and all(inside(e) for e in allreduces)
             # the update needs the reduced gradients; every bucket's reduction needs its gradients
-            assert update["ts"] + update["dur"] >= max(e["ts"] + e["dur"] for e in allreduces)
+            assert update["ts"] + update["dur"] >= max(e["ts"] + e["dur"] for e in allreduces
+                                                       if e["args"]["bucket"] in gradient_buckets)
             assert min(e["ts"] for e in allreduces) >= backward["ts"]
             assert any(e["name"] == names.METRIC_ALLREDUCE and e["args"]["step"] == step for e in mine)
     rows = overlap_from_trace(str(target))
     assert {(row["rank"], row["step"]) for row in rows} == {(r, s) for r in (0, 1) for s in range(STEPS)}
     if mode == "no_overlap":  # no allreduce starts before the last gradient exists
         shares = [(row["rank"], row["step"], round(row["overlap_share"], 3), round(row["exposed_s"], 6)) for row in rows]
-        if not all(row["overlap_share"] < 0.01 and row["exposed_s"] > 0 for row in rows):
-            # Known defect (issue 10, open): the `backward` span's end is not yet placed at the last
-            # gradient in the no-overlap mode, so the measure can call some reduction hidden.
-            pytest.xfail(f"issue 10: no-overlap share not about 0: (rank, step, share, exposed s) {shares}")
+        assert all(row["overlap_share"] < 0.01 and row["exposed_s"] > 0 for row in rows), shares
 
 
 TWO_BRANCH = os.path.join(os.path.dirname(__file__), "programs", "two_branch_starts.py")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 section 2 not done: TntStartAllreduce is stateful, so tf.function "
-                   "chains the start ops in creation order (a stateless start can be constant-folded by Grappler, and was reverted)")
 def test_starts_follow_backprop_not_registration_order(tmp_path):
     """One bucket per tensor (--fusion-threshold 0). Registration order is the reverse of the variables:
     out, deep3 .. deep0, shallow (a subclassed model: variables in attribute order). Backprop produces the shallow layer's gradients right after out's, long
-    before deep0's (four 1024-wide layers later): its bucket must be handed over (bucket_ready) first."""
+    before deep0's (four 1024-wide layers later): its bucket must be handed over (bucket_ready) first, and once
+    the ranks agreed on the order they saw (after the second step), also be reduced first."""
     target = tmp_path / "trace.json"
     result = run_ranks(2, TWO_BRANCH, timeout=240,
                        launcher_args=["--timeline", str(target), "--fusion-threshold", "0"]).check()
@@ -76,6 +74,21 @@ def test_starts_follow_backprop_not_registration_order(tmp_path):
              if e["name"] == names.BUCKET_READY}
     steps = sorted({step for _, step, _ in ready})
     assert len(steps) == 5
+    # Chained starts would hand shallow's bucket over after deep0's in every step. Unchained, it goes first
+    # unless a start op is held up: one waits (on the thread that ran it) until the peer collected the
+    # last step's results of its bucket (Note [Two copies per gradient byte]), so allow a step or two.
     for rank in (0, 1):
         early = [step for step in steps[1:] if ready[(rank, step, shallow)] < ready[(rank, step, deep0)]]
-        assert early == steps[1:], f"rank {rank}: shallow's start waited for deep0's in steps {set(steps[1:]) - set(early)}"
+        assert 2 * len(early) >= len(steps) - 1, f"rank {rank}: shallow's start waited for deep0's in steps " \
+                                                  f"{sorted(set(steps[1:]) - set(early))}"
+    # Note [Buckets are reduced in an agreed order]: from the third step on, every rank reduces its buckets
+    # in the order rank 0 queued them in the second step.
+    buckets = sorted({bucket for _, _, bucket in ready})
+    agreed = sorted(buckets, key=lambda bucket: (ready[(0, steps[1], bucket)], bucket))
+    started = {(e["pid"], e["args"]["step"], e["args"]["bucket"]): e["ts"] for e in trace_file.spans(trace, names.ALLREDUCE)}
+    for rank in (0, 1):
+        for step in steps[:2]:  # before the agreement: registration (id) order
+            assert sorted(buckets, key=lambda bucket: started[(rank, step, bucket)]) == buckets, (rank, step)
+        for step in steps[2:]:
+            reduced = sorted(buckets, key=lambda bucket: started[(rank, step, bucket)])
+            assert reduced == agreed, f"rank {rank} step {step}: reduced in order {reduced}, agreed {agreed}"

@@ -1,5 +1,5 @@
 """Trains a small dense model for a few steps with the timeline on (launched with --timeline).
-argv[1]: "overlap" or "no_overlap". A rank prints its reducer's bucket sizes for the test to compare."""
+argv[1]: "overlap" or "no_overlap". A rank prints its reducer's bucket sizes, and which buckets hold gradients, for the test."""
 import json
 import sys
 
@@ -21,5 +21,9 @@ model.compile(optimizer=keras.optimizers.SGD(0.01), jit_compile=False, metrics=[
 x = np.random.default_rng(0).normal(size=(64 * 4, 32)).astype("float32")
 y = (np.arange(64 * 4) % 4).astype("int64")
 model.fit(x, y, batch_size=64, epochs=1, verbose=0)
-gradient_bytes = [a.bucket_bytes() for purpose, a in model._allreducers if purpose == "gradients"]
-print("BUCKETS " + json.dumps(gradient_bytes[0]), flush=True)
+gradients = [a for purpose, a in model._allreducers if purpose == "gradients"][0]
+print("BUCKETS " + json.dumps(gradients.bucket_bytes()), flush=True)
+# The buckets holding gradients (the metric state may ride in the last ones: Note [Metric state rides with the
+# gradients]); registered first, in backprop order.
+holding = sorted({gradients.bucket_of(t) for t in range(len(model.trainable_variables))})
+print("GRADIENT_BUCKETS " + json.dumps(holding), flush=True)

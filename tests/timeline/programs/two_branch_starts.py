@@ -1,6 +1,6 @@
 """A two-branch model whose backprop order differs from its variable order, trained with the timeline on:
 the shallow branch (created first, so registered LAST) has its gradient long before the deep branch's first
-layer. Also checks, in the traced step's graph, that no start op waits for another one."""
+layer. Also checks, in a traced graph, that no start or finish op waits for another one."""
 import json
 import sys
 
@@ -42,23 +42,36 @@ model.fit(x, y, batch_size=128, epochs=1, verbose=0)
 names = [v.path for v in model.trainable_variables]
 print("VARIABLES " + json.dumps(names), flush=True)
 
-# The traced graph: no start op has another start op among its control inputs, and the sums are right.
+# The traced graph (Note [Start and finish ops are not chained]): no start or finish op waits for another
+# allreduce op, all of them still must run (the function's control outputs), and the sums are right. In the
+# no-overlap mode every start waits for every tensor.
 from tarantella.keras.graph_allreduce import GraphAllreducer  # noqa: E402
 
 allreducer = GraphAllreducer([(4,)] * 3, [tf.float32] * 3, fusion_threshold_bytes=0)
+ALLREDUCE_OPS = ("TntStartAllreduce", "TntFinishAllreduce")
 
 
-@tf.function
-def reduce_three(t):
-    return allreducer([t * 1.0, t * 2.0, t * 3.0])
+def traced(overlap):
+    @tf.function
+    def reduce_three(t):
+        return allreducer([t * 1.0, t * 2.0, t * 3.0], overlap=overlap)
+
+    return reduce_three, reduce_three.get_concrete_function(tf.TensorSpec((4,), tf.float32)).graph
 
 
-graph = reduce_three.get_concrete_function(tf.TensorSpec((4,), tf.float32)).graph
-starts = [op for op in graph.get_operations() if op.type == "TntStartAllreduce"]
-assert len(starts) == 3, starts
-waits = [(op.name, c.name) for op in starts for c in op.control_inputs if c.type == "TntStartAllreduce"]
-assert not waits, f"start ops wait for each other: {waits}"
-sums = [r.numpy().tolist() for r in reduce_three(tf.ones(4))]
-assert sums == [[float(k * tnt.get_size())] * 4 for k in (1, 2, 3)], sums
+for overlap in (True, False):
+    reduce_three, graph = traced(overlap)
+    ours = [op for op in graph.get_operations() if op.type in ALLREDUCE_OPS]
+    assert sorted(op.type for op in ours) == sorted(ALLREDUCE_OPS * 3), ours
+    waits = [(op.name, c.name) for op in ours for c in op.control_inputs if c.type in ALLREDUCE_OPS]
+    assert not waits, f"allreduce ops wait for each other: {waits}"
+    must_run = set(graph.control_outputs)
+    assert all(op in must_run for op in ours), f"not all allreduce ops must run: {must_run}"
+    products = {op.name for op in graph.get_operations() if op.type == "Mul"}
+    for start in (op for op in ours if op.type == "TntStartAllreduce"):
+        waited_for = {c.name for c in start.control_inputs} & products  # its own input is a data edge
+        assert waited_for == (set() if overlap else products - {start.inputs[0].op.name}), (overlap, start.name, waited_for)
+    sums = [r.numpy().tolist() for r in reduce_three(tf.ones(4))]
+    assert sums == [[float(k * tnt.get_size())] * 4 for k in (1, 2, 3)], sums
 allreducer.close()
 print("GRAPH OK", flush=True)
