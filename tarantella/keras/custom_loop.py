@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from tarantella import collectives, runtime
 from tarantella.data import distributed_dataset, user_input
-from tarantella.keras import gradient_reduction
+from tarantella.keras import gradient_reduction, sparse_gradients
 from tarantella.keras.graph_allreduce import GraphAllreducer
 
 __all__ = ["distribute_dataset", "reduce_gradients", "broadcast_variables"]
@@ -55,12 +55,14 @@ def distribute_dataset(dataset: tf.data.Dataset, micro_batch_size: int | None = 
     return local.map(with_share)
 
 
+@tf.autograph.experimental.do_not_convert  # plain Python at trace time (autograph mangles its loops' returns)
 def reduce_gradients(gradients, variables=None, share=None, overlap: bool = True) -> list[tf.Tensor]:
     """sum over ranks of share * gradients (share defaults to 1 / ranks: the mean), in `variables`' shapes.
 
     Call it inside a tf.function (the same calls, in the same order, on every rank). `variables` give each
     gradient its shape (sparse gradients become dense); without them the gradients' own static shapes must
-    be complete. None gradients become zeros."""
+    be complete. None gradients become zeros. Sparse gradients of per-sample lookups (embeddings) stay
+    tf.IndexedSlices: every rank's slices, as serial Keras would see them (Note [Sparse gradients stay sparse])."""
     gradients = list(gradients)
     if variables is None:
         variables = [tf.convert_to_tensor(gradient) for gradient in gradients]
@@ -68,9 +70,16 @@ def reduce_gradients(gradients, variables=None, share=None, overlap: bool = True
     if share is None:
         share = tf.constant(1.0 / size)
     if size == 1:
-        return [gradient * tf.cast(share, gradient.dtype)
-                for gradient in gradient_reduction.dense_gradients(gradients, list(variables))]
+        return [_scaled_sparse(gradient, share) if sparse_gradients.is_per_sample(gradient)
+                else dense * tf.cast(share, dense.dtype)
+                for gradient, dense in zip(gradients, gradient_reduction.dense_gradients(gradients, list(variables)))]
     return gradient_reduction.weighted_sum(gradients, list(variables), share, _allreducer_for, overlap)
+
+
+def _scaled_sparse(gradient: tf.IndexedSlices, share) -> tf.IndexedSlices:
+    """One rank's per-sample slices as the N-rank gather gives them (Note [Sparse gradients stay sparse])."""
+    return tf.IndexedSlices(gradient.values * tf.cast(share, gradient.values.dtype), gradient.indices,
+                            gradient.dense_shape)
 
 
 def _allreducer_for(tensors) -> GraphAllreducer:

@@ -11,6 +11,7 @@ from typing import Callable
 
 import tensorflow as tf
 
+from tarantella.keras import sparse_gradients
 from tarantella.timeline import graph_marks
 
 __all__ = ["dense_gradients", "weighted_sum"]
@@ -32,18 +33,33 @@ def dense_gradients(gradients, variables) -> list[tf.Tensor]:
     return dense
 
 
-def weighted_sum(gradients, variables, share, allreducer_for: Callable, overlap: bool = True) -> list[tf.Tensor]:
+def weighted_sum(gradients, variables, share, allreducer_for: Callable, overlap: bool = True) -> list:
     """sum over ranks of share_r * gradient_r, in the order of `variables` (call while tracing).
 
     `share` is this rank's n_r / N (a scalar tensor), or None when the gradients are already weighted.
     Registered in backprop order (the reverse of the variables) so that buckets fill as backprop runs.
-    A rank with share 0 (no samples) contributes exact zeros even if its gradients are not finite."""
-    dense = graph_marks.mark_each(dense_gradients(gradients, variables), graph_marks.GRADIENT)  # timeline only
-    if share is not None:
-        dense = [_weighted(gradient, share) for gradient in dense]
-    in_backprop_order = dense[::-1]
-    summed = allreducer_for(in_backprop_order)(in_backprop_order, overlap=overlap)
-    return graph_marks.mark_each(summed[::-1], graph_marks.REDUCED)
+    A rank with share 0 (no samples) contributes exact zeros even if its gradients are not finite.
+    Sparse gradients of per-sample lookups come back as the global batch's tf.IndexedSlices, all others
+    dense (Note [Sparse gradients stay sparse] in sparse_gradients.py)."""
+    gradients, variables = list(gradients), list(variables)
+    sparse = [i for i, gradient in enumerate(gradients) if sparse_gradients.is_per_sample(gradient)]
+    dense_at = [i for i in range(len(gradients)) if i not in sparse]
+    result: list = [None] * len(gradients)
+    if dense_at:
+        dense_variables = [variables[i] for i in dense_at]
+        dense = graph_marks.mark_each(dense_gradients([gradients[i] for i in dense_at], dense_variables),
+                                      graph_marks.GRADIENT)  # timeline only
+        if share is not None:
+            dense = [_weighted(gradient, share) for gradient in dense]
+        in_backprop_order = dense[::-1]
+        summed = allreducer_for(in_backprop_order)(in_backprop_order, overlap=overlap)
+        for i, gradient in zip(dense_at, graph_marks.mark_each(summed[::-1], graph_marks.REDUCED)):
+            result[i] = gradient
+    if sparse:
+        gathered = sparse_gradients.gather([gradients[i] for i in sparse], [variables[i] for i in sparse], share)
+        for i, gradient in zip(sparse, gathered):
+            result[i] = gradient
+    return result
 
 
 def _weighted(gradient: tf.Tensor, share) -> tf.Tensor:

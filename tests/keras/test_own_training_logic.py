@@ -53,6 +53,21 @@ def test_keras_io_architectures_empty_micro_batches_class_weight(n):
 
 
 @pytest.mark.multirank
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_sparse_gradients_with_adam_rmsprop_adagrad_match_serial():
+    """Embeddings' gradients are slices per lookup, applied slice by slice by these optimizers: 2 ranks
+    must equal serial in fit, an own train_step and a custom loop (Note [Sparse gradients stay sparse])."""
+    run = run_ranks(2, os.path.join(PROGRAMS, "sparse_optimizers.py"), timeout=TIMEOUT, env=ENV).check()
+    found = results(run, 2)
+    assert sorted(found) == ["custom_loop_adam", "fit_adagrad", "fit_adam", "fit_rmsprop", "own_train_step_adam"]
+    for check, per_rank in found.items():
+        for rank, values in per_rank.items():
+            assert values["finite"], (check, rank)
+            assert values["weights"] <= TOLERANCE, f"{check} rank {rank}: weights differ by {values['weights']}"
+            assert values["logs"] <= TOLERANCE, f"{check} rank {rank}: logs differ by {values['logs']}"
+
+
+@pytest.mark.multirank
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("n", [1, 2])
 def test_custom_loop_example_matches_serial(n):

@@ -40,9 +40,8 @@ def compare(check, make, train, validation, evaluate_data, predict_x, compile_kw
     return distributed
 
 
-# 1. keras.io "Text classification with Transformer" (dropout 0: dropout draws per rank). Plain SGD:
-# the embeddings' gradients are summed densely over the ranks, and Keras applies sparse (IndexedSlices)
-# gradients row by row with Adam/RMSprop/momentum, so those would differ from serial (README, "Embeddings").
+# 1. keras.io "Text classification with Transformer" (dropout 0: dropout draws per rank). Optimizers that
+# apply the embeddings' sparse gradients slice by slice (Adam, RMSprop) are tested in sparse_optimizers.py.
 VOCAB, MAXLEN, EMBED = 200, 12, 16
 
 
