@@ -17,7 +17,12 @@ overhead = tnt 1-rank step time / keras step time - 1; the share of gradient all
 time overlapped with backprop and the exposed communication per step, from each tnt run's
 timeline (Note [Overlap share] in tarantella/keras/overlap.py; traces kept in <out>/timelines/,
 open them in ui.perfetto.dev; --no-timeline leaves them out, and the overlap figures with them).
+The overlap table (overlap.md, and "overlap_table" in summary.json), per model at 2 ranks: overlap
+share, exposed communication and allreduce busy time per step, step time with overlap on and off.
+A picture of one step of each model's first 2-rank tnt run: timeline_<model>.png (needs matplotlib;
+the same as `python -m tarantella.timeline render TRACE OUT.png`).
 Rows of runs.csv: one per run, with every step time, machine, commit and versions.
+--configs keeps only some configurations (e.g. `--configs tnt:2 tnt_no_overlap:2` for the overlap table).
 """
 from __future__ import annotations
 
@@ -118,6 +123,73 @@ def _figures(rows, models, best_run) -> dict:
     return figures
 
 
+def overlap_table(rows, models, ranks=2) -> dict:
+    """Per model at `ranks`: the timeline's overlap share, exposed communication and allreduce busy time
+    per step (means over runs, steps after warm-up, ranks) and the median step time, overlap on and off."""
+    table = {}
+    for model in models:
+        entry = {}
+        for mode, label in (("tnt", "overlap_on"), ("tnt_no_overlap", "overlap_off")):
+            runs = [row for row in rows if (row["model"], row["mode"], row["ranks"]) == (model, mode, ranks)]
+            measured = [row["communication"] for row in runs if row.get("communication")]
+            mean = lambda key: statistics.mean(c[key] for c in measured) if measured else None  # noqa: E731
+            entry[label] = {"runs": len(runs), "median_step_time_s": _median_step(rows, model, mode, ranks),
+                            "overlap_share": mean("overlap_share"), "exposed_communication_s": mean("exposed_s"),
+                            "allreduce_busy_s": mean("communication_s")}
+        table[model] = entry
+    return table
+
+
+def overlap_markdown(table, ranks=2) -> str:
+    def cell(value, unit=""):
+        if value is None:
+            return "-"
+        return f"{value:.0%}" if unit == "%" else f"{value * 1e3:.1f} ms"
+
+    lines = [f"Overlap of the gradient allreduce with backprop at {ranks} ranks (Note [Overlap share] in "
+             "tarantella/keras/overlap.py: share of allreduce busy time before the last gradient, per step)", "",
+             "| model | overlap | overlap share | exposed communication / step | allreduce busy / step "
+             "| step time (median) |", "|---|---|---|---|---|---|"]
+    for model, entry in table.items():
+        for label in ("overlap_on", "overlap_off"):
+            figures = entry[label]
+            lines.append(f"| {model} | {label.split('_')[1]} | {cell(figures['overlap_share'], '%')} | "
+                         f"{cell(figures['exposed_communication_s'])} | {cell(figures['allreduce_busy_s'])} | "
+                         f"{cell(figures['median_step_time_s'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_pictures(rows, models, out) -> list[str]:
+    """timeline_<model>.png: a step of the model's first 2-rank tnt run with a timeline."""
+    from tarantella.timeline.render import RenderError, render_step
+    written = []
+    for model in models:
+        run = next((row for row in rows if (row["model"], row["mode"], row["ranks"]) == (model, "tnt", 2)
+                    and (row.get("communication") or {}).get("timeline")), None)
+        if run is None:
+            continue
+        target = os.path.join(out, f"timeline_{model}.png")
+        try:
+            step = render_step(os.path.join(out, run["communication"]["timeline"]), target)
+        except (RenderError, OSError) as error:
+            print(f"{model}: no timeline picture: {error}", flush=True)
+            continue
+        print(f"{model}: step {step} of {run['communication']['timeline']} drawn into {target}", flush=True)
+        written.append(target)
+    return written
+
+
+def _selected(configs, wanted):
+    """configs restricted to `wanted` ("mode:ranks" strings; None keeps all); unknown names fail clearly."""
+    if not wanted:
+        return configs
+    known = {f"{mode}:{ranks}" for mode, ranks in CONFIGS}
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise SystemExit(f"bench.data_parallel: unknown --configs {unknown}; choose from {sorted(known)}")
+    return tuple((mode, ranks) for mode, ranks in configs if f"{mode}:{ranks}" in wanted)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.data_parallel", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -131,11 +203,13 @@ def main(argv=None) -> int:
     parser.add_argument("--summarize-only", action="store_true", help="recompute summary.json from runs.csv")
     parser.add_argument("--no-timeline", action="store_true",
                         help="record no timelines (and so no overlap figures) for the tnt runs")
+    parser.add_argument("--configs", nargs="+", metavar="MODE:RANKS",
+                        help="only these configurations, e.g. tnt:2 tnt_no_overlap:2 (default: all)")
     args = parser.parse_args(argv)
     args.micro_batch = {model: args.micro_batch for model in args.models}
     os.makedirs(args.out, exist_ok=True)
     rows = _read_runs(args.out) if args.summarize_only else []
-    configs = _available_configs()
+    configs = _selected(_available_configs(), args.configs)
     for repeat in range(0 if args.summarize_only else args.repeats):
         for model in args.models:
             for mode, ranks in configs:
@@ -158,10 +232,15 @@ def main(argv=None) -> int:
     summary = {"options": {k: v for k, v in vars(args).items()}, **context,
                "note": "mwms runs under Keras 2 (tf-keras): MultiWorkerMirroredStrategy does not support Keras 3",
                "load_average_1m_during_runs": [row["load_average_1m"] for row in rows],
-               "figures": summarize(rows, args.models)}
+               "figures": summarize(rows, args.models), "overlap_table": overlap_table(rows, args.models)}
     with open(os.path.join(args.out, "summary.json"), "w") as handle:
         json.dump(summary, handle, indent=2, sort_keys=True)
+    table = overlap_markdown(summary["overlap_table"])
+    with open(os.path.join(args.out, "overlap.md"), "w") as handle:
+        handle.write(table)
     print(json.dumps(summary["figures"], indent=2))
+    print(table)
+    render_pictures(rows, args.models, args.out)
     return 0
 
 

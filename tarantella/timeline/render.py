@@ -3,8 +3,9 @@
     python -m tarantella.timeline render TRACE.json OUT.png [--step N]
 
 One row per rank and track (Note [Timeline span names]), time in milliseconds
-from the step's start on the earliest rank; each span a bar coloured by its
-name, each instant (bucket_ready) a tick; gradient buckets carry their id. The
+from the step's start on the earliest rank; each span of the step a bar
+coloured by its name, each instant (bucket_ready) a tick; wide buckets carry
+their id. The
 title gives the step's overlap share and exposed communication per rank
 (Note [Overlap share] in tarantella/keras/overlap.py). matplotlib is an
 optional dependency (tarantella[bench]); without it the command says how to
@@ -81,15 +82,15 @@ def render_step(trace: dict | str, output: str, step: int | None = None, width_i
     rows = _rows(trace)
     position = {(pid, tid): len(rows) - 1 - index for index, (pid, tid, _) in enumerate(rows)}
     figure, axis = plt.subplots(figsize=(width_inches, 0.9 + 0.45 * len(rows)))
-    seen = set()
+    seen, labelled = set(), {}  # legend entries drawn; per row, the x of each bucket label
     for event in trace.get("traceEvents", []):
         key = (event.get("pid"), event.get("tid"))
         if event.get("ph") not in ("X", "i") or key not in position:
             continue
         start = event["ts"]
         finish = start + event.get("dur", 0.0)
-        if finish < low or start > high:
-            continue
+        if finish < low or start > high or event.get("args", {}).get("step", step) != step:
+            continue  # another step's events (ranks drift apart) stay out of the picture
         y = position[key]
         x0, x1 = (max(start, low) - begin) / 1e3, (min(finish, high) - begin) / 1e3
         name = event["name"]
@@ -105,8 +106,11 @@ def render_step(trace: dict | str, output: str, step: int | None = None, width_i
                   label=None if name in seen else name, zorder=2 if nested else 1)
         seen.add(name)
         bucket = event.get("args", {}).get("bucket")
-        if bucket is not None and x1 - x0 > 0.02 * (high - low) / 1e3:
-            axis.text((x0 + x1) / 2, y, str(bucket), ha="center", va="center", fontsize=7, zorder=3)
+        room = 0.04 * (high - low) / 1e3
+        centre = (x0 + x1) / 2
+        if bucket is not None and x1 - x0 > room and all(abs(centre - c) > room for c in labelled.get(y, [])):
+            labelled.setdefault(y, []).append(centre)
+            axis.text(centre, y, str(bucket), ha="center", va="center", fontsize=7, zorder=3)
     axis.set_yticks([position[(pid, tid)] for pid, tid, _ in rows], [label for _, _, label in rows])
     axis.set_xlim((low - begin) / 1e3, (high - begin) / 1e3)
     axis.set_xlabel("ms since the step began (earliest rank)")
