@@ -4,8 +4,10 @@ Note [Overlap share]
 Per rank and step the timeline has a span `backward` (first gradient op to the
 last gradient produced, timed by marks on the gradients themselves) and one
 span `allreduce` per gradient bucket (the progress thread's reduction). The
-overlap share of a step is the part of the allreduce busy time that lies before
-the backward span's end, over the whole allreduce busy time: communication done
+allreduce busy time is the time covered by at least one of them (their union:
+a bucket's span may overlap the next one's while it waits for the peers'
+sums). The overlap share of a step is the part of the busy time that lies
+before the backward span's end, over the whole busy time: communication done
 while backprop still computes is hidden; what runs after the last gradient
 exists is exposed. Exposed communication is the time from the last gradient to
 the end of the last allreduce. With overlap_communication=False no allreduce
@@ -28,12 +30,24 @@ __all__ = ["step_overlap", "overlap_from_trace", "overlap_summary", "communicati
 
 def step_overlap(allreduce_spans: Sequence[tuple[float, float]], backward_end: float) -> dict:
     """allreduce_spans: (start, end) per bucket; backward_end: when the last gradient was produced (same clock)."""
-    communication = sum(end - start for start, end in allreduce_spans)
-    hidden = sum(max(0.0, min(end, backward_end) - start) for start, end in allreduce_spans)
+    busy = _union(allreduce_spans)
+    communication = sum(end - start for start, end in busy)
+    hidden = sum(max(0.0, min(end, backward_end) - start) for start, end in busy)
     last_end = max((end for _, end in allreduce_spans), default=backward_end)
     return {"buckets": len(allreduce_spans), "communication_s": communication, "hidden_s": hidden,
             "exposed_s": max(0.0, last_end - backward_end),
             "overlap_share": hidden / communication if communication > 0 else 0.0}
+
+
+def _union(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Disjoint (start, end) intervals covering the same time as `spans`, in time order."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def overlap_from_trace(trace: dict | str) -> list[dict]:

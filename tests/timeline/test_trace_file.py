@@ -17,12 +17,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_step_overlap_counts_busy_time_before_the_last_gradient():
-    # backward ends at 10: [2, 5] fully hidden, [8, 12] half, [10, 11] exposed
+    # backward ends at 10: [2, 5] fully hidden, [8, 12] half, [10, 11] exposed but inside [8, 12]:
+    # busy time is the union of the spans, [2, 5] and [8, 12]
     row = step_overlap([(2.0, 5.0), (8.0, 12.0), (10.0, 11.0)], backward_end=10.0)
-    assert row["communication_s"] == pytest.approx(8.0)
+    assert row["communication_s"] == pytest.approx(7.0)
     assert row["hidden_s"] == pytest.approx(5.0)
-    assert row["overlap_share"] == pytest.approx(5.0 / 8.0)
+    assert row["overlap_share"] == pytest.approx(5.0 / 7.0)
     assert row["exposed_s"] == pytest.approx(2.0)
+    chained = step_overlap([(1.0, 4.0), (3.0, 6.0), (5.0, 9.0)], backward_end=6.0)  # overlapping spans
+    assert chained["communication_s"] == pytest.approx(8.0) and chained["hidden_s"] == pytest.approx(5.0)
     after = step_overlap([(10.5, 11.0), (11.0, 13.0)], backward_end=10.0)  # the no-overlap mode
     assert after["overlap_share"] == 0.0 and after["exposed_s"] == pytest.approx(3.0)
     assert step_overlap([], backward_end=1.0)["overlap_share"] == 0.0
