@@ -54,9 +54,12 @@ def test_salloc_runs_the_launcher_on_the_allocation(slurm):
     assert sorted(found) == [0, 1] and all(v["size"] == 2 for v in found.values()), done.stdout
 
 
-FAIL_RANK_1 = ("import sys, time, tarantella as tnt\n"
+# Rank 1 says where it runs and exits with 3; the others would wait for 2 minutes.
+FAIL_RANK_1 = ("import socket, sys, time, tarantella as tnt\n"
                "if tnt.get_rank() == 1:\n"
-               "    print('rank 1 gives up', file=sys.stderr, flush=True); sys.exit(3)\n"
+               "    print(f'rank 1 gives up on {socket.gethostname()}', file=sys.stderr,\n"
+               "          flush=True)\n"
+               "    sys.exit(3)\n"
                "time.sleep(120)\n")
 
 

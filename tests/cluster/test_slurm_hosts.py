@@ -13,7 +13,7 @@ import pytest
 
 from tests.cluster.results import rank_results
 from tests.cluster.slurm_fixture import slurm_on_hosts  # noqa: F401  (the fixture)
-from tests.cluster.test_slurm import JOB_ENV, LAUNCHER, PROGRAM
+from tests.cluster.test_slurm import FAIL_RANK_1, JOB_ENV, LAUNCHER, PROGRAM
 from tests.multirank import REPO_ROOT
 
 # What runs on a host between jobs: its slurmd, under the launch agent's shell.
@@ -84,20 +84,12 @@ def test_salloc_from_the_login_node_places_a_rank_on_each_host(slurm_on_hosts):
     assert _job_leftovers(slurm_on_hosts) == {}
 
 
-FAIL_ON_RANK_1 = ("import socket, sys, time, tarantella as tnt\n"
-                  "if tnt.get_rank() == 1:\n"
-                  "    print(f'rank 1 gives up on {socket.gethostname()}', file=sys.stderr,\n"
-                  "          flush=True)\n"
-                  "    sys.exit(3)\n"
-                  "time.sleep(120)\n")
-
-
 @pytest.mark.multirank
 @pytest.mark.timeout(200)
 def test_a_failing_rank_ends_the_two_node_job_naming_rank_and_host(slurm_on_hosts, tmp_path):
     hosts = slurm_on_hosts.hosts.hosts
     script, out = tmp_path / "fail.py", tmp_path / "job.out"
-    script.write_text(FAIL_ON_RANK_1)
+    script.write_text(FAIL_RANK_1)
     start = time.monotonic()
     done = slurm_on_hosts.run(
         ["sbatch", "-N", "2", "-n", "2", "--time=3", "--wait", "-o", str(out), "--wrap",
