@@ -152,7 +152,8 @@ class SlurmCluster:
         self._spawn(["slurmctld", "-D", "-i", "-c"], log)
         for name, _, prefix in self.nodes:
             command = ["slurmd", "-D", "-N", name]
-            argv = [*prefix, shlex.join(command)] if prefix else command
+            # exec: the agent's shell becomes slurmd, which stop() then waits for itself
+            argv = [*prefix, "exec " + shlex.join(command)] if prefix else command
             self._spawn(argv, log, adopt=not prefix)  # a host's slurmd dies with its namespace
         self._wait_for(self._nodes_idle, "slurmctld and slurmd (every node idle)")
 
@@ -211,8 +212,7 @@ class SlurmCluster:
 
     def stop(self) -> None:
         """Cancel what still runs, wait for it to end, stop the daemons (slurmd first,
-        munged last; each with its process group: a node's slurmd runs under the
-        launch agent's shell)."""
+        munged last; each with its process group, children included)."""
         if self.processes:
             try:
                 subprocess.run(["scancel", "--full", "-u", "root"], env=self.env,

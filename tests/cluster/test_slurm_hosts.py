@@ -16,8 +16,8 @@ from tests.cluster.slurm_fixture import slurm_on_hosts  # noqa: F401  (the fixtu
 from tests.cluster.test_slurm import FAIL_RANK_1, JOB_ENV, LAUNCHER, PROGRAM
 from tests.multirank import REPO_ROOT
 
-# What runs on a host between jobs: its slurmd, under the launch agent's shell.
-_DAEMON_COMMANDS = ("slurmd -D", "sh -c hostname")
+# What runs on a host between jobs: its slurmd.
+_DAEMON_COMMANDS = ("slurmd -D",)
 
 
 def _job_leftovers(slurm, timeout: float = 20.0) -> dict[str, dict]:
