@@ -37,7 +37,9 @@ __all__ = ["SlurmCluster", "SlurmStartError", "one_node", "on_namespace_hosts",
            "why_no_slurm"]
 
 _TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "salloc", "srun", "sinfo", "squeue",
-          "scancel")
+          "scancel", "scontrol")
+_UNFINISHED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+               "RESIZING", "SIGNALING", "STAGE_OUT")
 _UP_SECONDS = 40.0
 
 _CONFIG = """\
@@ -204,6 +206,37 @@ class SlurmCluster:
         return subprocess.run(argv, env={**self.env, **kwargs.pop("env", {})},
                               capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL, **kwargs)
+
+    def batch(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+        """`sbatch ARGV` and wait for the job to end, as `sbatch --wait` does (returncode:
+        the job's exit code, 128 + N if a signal N ended it), but looking every 0.3 s:
+        sbatch --wait looks 2, 10 and 42 s after submitting, so a 15 s job took 42 s."""
+        submitted = self.run(["sbatch", "--parsable", *argv], timeout=30)
+        if submitted.returncode != 0:
+            return submitted
+        job = submitted.stdout.strip().split(";")[0]
+        deadline = time.monotonic() + timeout
+        while True:
+            ended = self._job_end(job)
+            if ended is not None:
+                return subprocess.CompletedProcess(argv, ended, submitted.stdout,
+                                                   submitted.stderr)
+            if time.monotonic() > deadline:
+                subprocess.run(["scancel", job], env=self.env, capture_output=True, timeout=20)
+                raise subprocess.TimeoutExpired(["sbatch", *argv], timeout)
+            time.sleep(0.3)
+
+    def _job_end(self, job: str) -> int | None:
+        """The ended job's exit code, None while it is pending, running or completing."""
+        done = subprocess.run(["scontrol", "-o", "show", "job", job], env=self.env,
+                              capture_output=True, text=True, timeout=20)
+        fields = dict(word.split("=", 1) for word in done.stdout.split() if "=" in word)
+        if fields.get("JobState", "PENDING") in _UNFINISHED:
+            return None
+        code, _, signal_number = fields.get("ExitCode", "1:0").partition(":")
+        if int(signal_number or 0):
+            return 128 + int(signal_number)
+        return int(code) if int(code) or fields["JobState"] == "COMPLETED" else 1
 
     def jobs(self) -> list[str]:
         done = subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env, capture_output=True,

@@ -1,10 +1,10 @@
 """pytest fixtures: real Slurm clusters made of Debian's daemons (slurm_cluster.py).
 
     def test_x(slurm):                 # one node: this machine
-        done = slurm.run(["sbatch", "-n", "2", "--wait", "--wrap", "..."], timeout=120)
+        done = slurm.batch(["-n", "2", "--wrap", "..."], timeout=120)  # sbatch; waits
 
     def test_y(slurm_on_hosts):        # two nodes: the hosts of a namespace cluster
-        done = slurm_on_hosts.run(["sbatch", "-N", "2", "-n", "2", ...], timeout=...)
+        done = slurm_on_hosts.batch(["-N", "2", "-n", "2", ...], timeout=...)
         slurm_on_hosts.hosts           # the namespace cluster (its hosts = node names)
 
 `.env` (SLURM_CONF=...) points Slurm's commands at the cluster. Both are module

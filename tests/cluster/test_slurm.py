@@ -31,8 +31,8 @@ def test_sbatch_job_forms_one_world_and_keeps_its_settings(slurm, tmp_path):
     out = tmp_path / "job.out"
     command = shlex.join([*LAUNCHER, "--timeout", "123", "--output-on-all-devices", "--",
                           PROGRAM, "layout-only"])
-    done = slurm.run(["sbatch", "-n", "2", "-c", "1", "--export=NONE", "--wait", "-o", str(out),
-                      "--wrap", f"{JOB_ENV} {command}"], timeout=180)
+    done = slurm.batch(["-n", "2", "-c", "1", "--export=NONE", "-o", str(out),
+                        "--wrap", f"{JOB_ENV} {command}"], timeout=180)
     text = out.read_text() if out.exists() else ""
     assert done.returncode == 0, done.stderr + text
     found = rank_results(text)
@@ -69,8 +69,8 @@ def test_a_failing_rank_ends_the_sbatch_job(slurm, tmp_path):
     script, out = tmp_path / "fail.py", tmp_path / "job.out"
     script.write_text(FAIL_RANK_1)
     start = time.monotonic()
-    done = slurm.run(["sbatch", "-n", "2", "--wait", "-o", str(out), "--wrap",
-                      f"{JOB_ENV} {shlex.join([*LAUNCHER, '--', str(script)])}"], timeout=100)
+    done = slurm.batch(["-n", "2", "-o", str(out), "--wrap",
+                        f"{JOB_ENV} {shlex.join([*LAUNCHER, '--', str(script)])}"], timeout=100)
     text = out.read_text()
     assert done.returncode == 3, done.stderr + text        # the job's exit code: rank 1's
     assert time.monotonic() - start < 60, text
@@ -85,8 +85,8 @@ def test_srun_without_the_launcher_stops_instead_of_training_copies(slurm, tmp_p
     out = tmp_path / "job.out"
     program = "import tarantella as tnt; print('size', tnt.get_size(), flush=True)"
     srun = shlex.join(["srun", "-n", "2", sys.executable, "-c", program])
-    done = slurm.run(["sbatch", "-n", "2", "--wait", "-o", str(out), "--wrap",
-                      f"{JOB_ENV} {srun}"], timeout=100)
+    done = slurm.batch(["-n", "2", "-o", str(out), "--wrap", f"{JOB_ENV} {srun}"],
+                       timeout=100)
     text = out.read_text()
     assert done.returncode != 0, text
     assert "size 1" not in text

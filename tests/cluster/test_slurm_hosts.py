@@ -53,8 +53,8 @@ def test_sbatch_on_two_nodes_trains_one_world_with_a_rank_per_host(slurm_on_host
     out = tmp_path / "job.out"
     command = shlex.join([*LAUNCHER, "--timeout", "123", "--output-on-all-devices", "--",
                           PROGRAM])
-    done = slurm_on_hosts.run(
-        ["sbatch", "-N", "2", "-n", "2", "-c", "1", "--time=4", "--wait", "-o", str(out), "--wrap",
+    done = slurm_on_hosts.batch(
+        ["-N", "2", "-n", "2", "-c", "1", "--time=4", "-o", str(out), "--wrap",
          f'echo "batch host $(hostname), nodes $SLURM_JOB_NUM_NODES"; {JOB_ENV} {command}'],
         timeout=280)
     text = out.read_text() if out.exists() else ""
@@ -91,8 +91,8 @@ def test_a_failing_rank_ends_the_two_node_job_naming_rank_and_host(slurm_on_host
     script, out = tmp_path / "fail.py", tmp_path / "job.out"
     script.write_text(FAIL_RANK_1)
     start = time.monotonic()
-    done = slurm_on_hosts.run(
-        ["sbatch", "-N", "2", "-n", "2", "--time=3", "--wait", "-o", str(out), "--wrap",
+    done = slurm_on_hosts.batch(
+        ["-N", "2", "-n", "2", "--time=3", "-o", str(out), "--wrap",
          f"{JOB_ENV} {shlex.join([*LAUNCHER, '--', str(script)])}"], timeout=180)
     text = out.read_text() if out.exists() else ""
     assert done.returncode == 3, done.stderr + text          # the job's exit code: rank 1's
