@@ -1,5 +1,6 @@
 """The namespace cluster itself: hosts with their own hostname, /dev/shm and link; and
-it is always removed: by down(), when its owner died, when `run` is interrupted."""
+it is always removed (with the root-namespace daemons it adopted): by down(), when its
+owner died, when `run` is interrupted."""
 from __future__ import annotations
 
 import os
@@ -58,13 +59,18 @@ def test_a_cluster_whose_owner_died_is_removed():
     gone = subprocess.Popen(["true"])
     gone.wait()
     cluster = create(hosts=1, owner_pid=gone.pid)
+    # a daemon of the root namespace serving the cluster (as Slurm's controller does)
+    daemon = subprocess.Popen(["sleep", "120"])
     try:
+        cluster.adopt(daemon.pid)
         assert cluster.hosts[0] in _namespaces()
         assert cluster.name in remove_stale()
         assert cluster.hosts[0] not in _namespaces()
         assert cluster.name not in [c.name for c in list_clusters()]
         assert not os.path.exists(cluster.directory)
+        assert daemon.wait(timeout=10) == -signal.SIGKILL
     finally:
+        daemon.kill()
         cluster.down()
 
 
