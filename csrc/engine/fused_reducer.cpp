@@ -2,20 +2,51 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <numeric>
 
+#include "copy_count.hpp"
 #include "descriptor_exchange.hpp"
 #include "errors.hpp"
 #include "fnv1a.hpp"
 #include "log.hpp"
 #include "quarantine.hpp"
+#include "reduce_kernels.hpp"
 
 namespace tnt {
 
 namespace {
 std::atomic<std::uint64_t> g_reductions_completed{0};
+std::atomic<std::uint64_t> g_copied_bytes{0};
 std::string tensor_text(std::size_t tensor) { return "tensor " + std::to_string(tensor); }
+constexpr std::size_t kAlignment = 64;  // shared buckets start on their own cache line
+constexpr std::size_t kBlockBytes = 4096;  // Note [Two copies per gradient byte]: the L1-sized block
+
+// out[i] = in[0][i] (op) ... (op) in[n-1][i] where `out` is in[self]: reduce_many
+// may alias only in[0], and in[1] works too (its first pass reads in[1][i] before
+// writing out[i], later passes never read it); others go through a small block.
+void reduce_into_operand(char* out, const void* const* in, int n, int self, std::size_t count, DType dtype,
+                         ReduceOp op) {
+  if (self <= 1) {
+    reduce_many(out, in, n, count, dtype, op);
+    return;
+  }
+  alignas(kAlignment) char block[kBlockBytes];
+  const std::size_t elem = element_size(dtype);
+  const std::size_t per_block = kBlockBytes / elem;
+  std::vector<const void*> parts(n);
+  for (std::size_t done = 0; done < count; done += per_block) {
+    const std::size_t length = std::min(per_block, count - done);
+    for (int r = 0; r < n; ++r) parts[r] = static_cast<const char*>(in[r]) + done * elem;
+    reduce_many(block, parts.data(), n, length, dtype, op);
+    std::memcpy(out + done * elem, block, length * elem);
+  }
+}
 }  // namespace
+
+void count_copied(std::size_t bytes) { g_copied_bytes.fetch_add(bytes, std::memory_order_relaxed); }
+
+std::uint64_t FusedReducer::copied_bytes_in_process() { return g_copied_bytes.load(std::memory_order_relaxed); }
 
 FusedReducer::FusedReducer(const ProcessGroup& group, std::vector<TensorSpec> tensors,
                            std::size_t fusion_threshold_bytes, ReduceOp op, Algorithm algorithm)
@@ -27,8 +58,22 @@ FusedReducer::FusedReducer(const ProcessGroup& group, std::vector<TensorSpec> te
     slot->spec = spec;
     tensors_.push_back(std::move(slot));
   }
-  lay_out(fusion_threshold_bytes);
+  ProcessGroup& own_group = allreducer_->group();
+  // Note [Two copies per gradient byte]
+  const bool shared = own_group.size() > 1 && own_group.on_one_node() &&
+                      allreducer_->resolve(algorithm, 0) == Algorithm::shared_memory;
+  lay_out(fusion_threshold_bytes, shared);
   check_same_layout(fusion_threshold_bytes);
+  if (shared) {
+    for (const auto& bucket : buckets_) {
+      const std::size_t end = bucket->shared_offset + bucket->count * element_size(bucket->dtype);
+      shared_area_bytes_ = std::max(shared_area_bytes_, (end + kAlignment - 1) / kAlignment * kAlignment);
+    }
+    // Two areas, used by odd and even steps (Note [Two copies per gradient byte]).
+    segments_ = std::make_unique<SharedSegments>(own_group, 2 * shared_area_bytes_,
+                                                 kFlagsPerBucket * static_cast<int>(buckets_.size()));
+    inputs_.resize(own_group.size());
+  }
   progress_thread_ = std::thread([this] { progress_loop(); });
 }
 
@@ -51,7 +96,10 @@ void FusedReducer::close() {
   closed_ = true;
   abandon();
   // A failed group keeps its windows (Note [A failed group stays failed]).
-  if (!allreducer_->group().failed()) allreducer_->close();
+  if (!allreducer_->group().failed()) {
+    allreducer_->close();
+    if (segments_) segments_->close();
+  }
 }
 
 void FusedReducer::abandon() {
@@ -69,7 +117,7 @@ FusedReducer::~FusedReducer() {
   }
 }
 
-void FusedReducer::lay_out(std::size_t fusion_threshold_bytes) {
+void FusedReducer::lay_out(std::size_t fusion_threshold_bytes, bool shared) {
   Bucket* current = nullptr;
   std::size_t current_bytes = 0;
   for (std::size_t id = 0; id < tensors_.size(); ++id) {
@@ -88,8 +136,15 @@ void FusedReducer::lay_out(std::size_t fusion_threshold_bytes) {
     current->tensors.push_back(id);
     current_bytes += tensor.spec.count * element_size(tensor.spec.dtype);
   }
+  std::size_t shared_bytes = 0;
   for (auto& bucket : buckets_) {
-    bucket->buffer.resize(bucket->count * element_size(bucket->dtype));
+    const std::size_t bytes = bucket->count * element_size(bucket->dtype);
+    if (shared) {
+      bucket->shared_offset = shared_bytes;
+      shared_bytes += (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    } else {
+      bucket->buffer.resize(bytes);
+    }
     bucket->missing_inputs = static_cast<int>(bucket->tensors.size());
     bucket->missing_outputs = static_cast<int>(bucket->tensors.size());
   }
@@ -156,8 +211,18 @@ void FusedReducer::ready(std::size_t tensor, const void* data, std::size_t bytes
     throw UsageError("ready: " + tensor_text(tensor) + " was marked ready twice before its result was collected; "
                      "every tensor is marked ready once and collected once per step");
   }
-  std::memcpy(bucket.buffer.data() + slot.offset * element_size(bucket.dtype), data, bytes);
+  const std::uint64_t epoch = bucket.epoch.load(std::memory_order_acquire);
+  if (segments_ && epoch > 2) {
+    // Note [Two copies per gradient byte]: this area last held step epoch-2's results. Peers collected them
+    // before they handed in step epoch-1's tensors, which this rank's collection of epoch-1 needed: no wait.
+    segments_->wait_for_others(flag(slot.bucket, kConsumed), epoch - 2,
+                               "gradient reducer (a peer still collecting an earlier step's results)");
+  }
+  char* area = segments_ ? bucket_area(bucket, allreducer_->group().rank(), epoch) : bucket.buffer.data();
+  std::memcpy(area + slot.offset * element_size(bucket.dtype), data, bytes);
+  count_copied(bytes);
   if (bucket.missing_inputs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (segments_) segments_->notify(flag(slot.bucket, kStaged), epoch);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       bucket.state = State::queued;
@@ -179,36 +244,45 @@ void FusedReducer::ready(std::size_t tensor, const void* data, std::size_t bytes
 // collective waits for peers it backs off from spinning to sleeping
 // (back_off()).
 void FusedReducer::progress_loop() {
+  std::deque<std::size_t> completing;  // shared buckets whose own chunk is reduced, in reduction order
   for (;;) {
-    Bucket* bucket = nullptr;
+    std::size_t id = 0;
+    bool took = false;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      queued_.wait(lock, [&] { return stopping_ || buckets_[next_bucket_]->state == State::queued; });
+      if (completing.empty()) {
+        queued_.wait(lock, [&] { return stopping_ || buckets_[next_bucket_]->state == State::queued; });
+      }
       if (stopping_) return;
-      bucket = buckets_[next_bucket_].get();
-      bucket->state = State::reducing;
-      bucket->times.started = now();
+      if (buckets_[next_bucket_]->state == State::queued) {
+        id = next_bucket_;
+        took = true;
+        buckets_[id]->state = State::reducing;
+        buckets_[id]->times.started = now();
+      }
     }
-    const std::size_t id = next_bucket_;
+    std::size_t current = id;
     try {
-      const AllreduceCall call{bucket->buffer.data(), bucket->buffer.data(), bucket->count, bucket->dtype, op_};
-      allreducer_->run(call, algorithm_, /*verified=*/true);
-      advance_order();  // before the waiters wake: this step's queued times are all still in place
+      if (took) {
+        advance_order();
+        reduce_bucket(id);
+        if (segments_) {
+          completing.push_back(id);
+        } else {
+          publish_reduced(id);
+        }
+      }
+      // Shared buckets: finish those every peer reduced too; wait only when no later bucket is queued.
+      while (!completing.empty()) {
+        current = completing.front();
+        if (!peers_reduced(current, /*wait=*/!took)) break;
+        completing.pop_front();
+        publish_reduced(current);
+      }
     } catch (const std::exception& error) {
-      fail("gradient bucket " + std::to_string(id) + ": " + error.what());
+      fail("gradient bucket " + std::to_string(current) + ": " + error.what());
       return;
     }
-    std::vector<Callback> waiters;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      bucket->state = State::reduced;
-      bucket->times.finished = now();
-      reductions_completed_.fetch_add(1, std::memory_order_acq_rel);
-      g_reductions_completed.fetch_add(1, std::memory_order_acq_rel);
-      waiters.swap(bucket->waiters);
-    }
-    reduced_.notify_all();
-    for (Callback& waiter : waiters) waiter(std::string());
   }
 }
 
@@ -245,6 +319,84 @@ void FusedReducer::agree_on_ready_order() {
     seen[id] = true;
   }
   order_.assign(order.begin(), order.end());
+}
+
+void FusedReducer::reduce_bucket(std::size_t id) {
+  Bucket& bucket = *buckets_[id];
+  if (segments_) {
+    allreducer_->group().guarded("gradient reducer", [&] { reduce_own_chunk(id); });
+    return;
+  }
+  const AllreduceCall call{bucket.buffer.data(), bucket.buffer.data(), bucket.count, bucket.dtype, op_};
+  allreducer_->run(call, algorithm_, /*verified=*/true);
+}
+
+void FusedReducer::reduce_own_chunk(std::size_t id) {
+  Bucket& bucket = *buckets_[id];
+  const std::uint64_t epoch = bucket.epoch.load(std::memory_order_acquire);
+  segments_->wait_for_others(flag(id, kStaged), epoch, "gradient reducer (waiting for the peers' gradients)");
+  const ProcessGroup& group = allreducer_->group();
+  const int p = group.size();
+  const int self = group.rank();
+  const std::size_t elem = element_size(bucket.dtype);
+  const Range own = part_of(bucket.count, p, self);
+  for (int r = 0; r < p; ++r) inputs_[r] = bucket_area(bucket, r, epoch) + own.offset * elem;
+  char* result = bucket_area(bucket, self, epoch) + own.offset * elem;
+  reduce_into_operand(result, inputs_.data(), p, self, own.length, bucket.dtype, op_);
+  finish_average(result, own.length, bucket.dtype, op_, p);
+  segments_->notify(flag(id, kReduced), epoch);
+}
+
+bool FusedReducer::peers_reduced(std::size_t id, bool wait) {
+  const std::uint64_t epoch = buckets_[id]->epoch.load(std::memory_order_acquire);
+  ProcessGroup& group = allreducer_->group();
+  const int self = group.rank();
+  const int reduced = flag(id, kReduced);
+  auto all_reduced = [&] {
+    for (int r = 0; r < group.size(); ++r) {
+      if (r != self && segments_->peek(r, reduced) < epoch) return false;
+    }
+    return true;
+  };
+  if (all_reduced() || !wait) return all_reduced();
+  bool interrupted = false;
+  group.guarded("gradient reducer", [&] {
+    group.wait_until(
+        [&] {
+          if (all_reduced()) return true;
+          std::lock_guard<std::mutex> lock(mutex_);
+          interrupted = stopping_ || buckets_[next_bucket_]->state == State::queued;
+          return interrupted;
+        },
+        "gradient reducer (waiting for the peers' sums)",
+        [&] {
+          std::vector<int> behind;
+          for (int r = 0; r < group.size(); ++r) {
+            if (r != self && segments_->peek(r, reduced) < epoch) behind.push_back(r);
+          }
+          return group.describe_ranks(behind);
+        });
+  });
+  return all_reduced();
+}
+
+void FusedReducer::publish_reduced(std::size_t id) {
+  Bucket& bucket = *buckets_[id];
+  std::vector<Callback> waiters;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    bucket.state = State::reduced;
+    bucket.times.finished = now();
+    reductions_completed_.fetch_add(1, std::memory_order_acq_rel);
+    g_reductions_completed.fetch_add(1, std::memory_order_acq_rel);
+    waiters.swap(bucket.waiters);
+  }
+  reduced_.notify_all();
+  for (Callback& waiter : waiters) waiter(std::string());
+}
+
+char* FusedReducer::bucket_area(const Bucket& bucket, int rank, std::uint64_t epoch) const {
+  return segments_->data(rank) + (epoch % 2) * shared_area_bytes_ + bucket.shared_offset;
 }
 
 void FusedReducer::fail(const std::string& error) {
@@ -310,8 +462,31 @@ void FusedReducer::copy_result(std::size_t tensor, void* out, std::size_t bytes)
   if (slot.collected.exchange(true, std::memory_order_acq_rel)) {
     throw UsageError("copy_result: the result of " + tensor_text(tensor) + " was collected twice in one step");
   }
-  std::memcpy(out, bucket.buffer.data() + slot.offset * element_size(bucket.dtype), bytes);
+  const std::size_t elem = element_size(bucket.dtype);
+  if (segments_) {
+    // Each rank's chunk from its own segment (Note [Two copies per gradient byte]).
+    const int p = allreducer_->group().size();
+    const std::size_t begin = slot.offset;
+    const std::size_t end = begin + slot.spec.count;
+    const std::uint64_t epoch = bucket.epoch.load(std::memory_order_acquire);
+    for (int c = 0; c < p; ++c) {
+      const Range chunk = part_of(bucket.count, p, c);
+      const std::size_t low = std::max(begin, chunk.offset);
+      const std::size_t high = std::min(end, chunk.offset + chunk.length);
+      if (low >= high) continue;
+      std::memcpy(static_cast<char*>(out) + (low - begin) * elem,
+                  bucket_area(bucket, c, epoch) + low * elem, (high - low) * elem);
+    }
+  } else {
+    std::memcpy(out, bucket.buffer.data() + slot.offset * elem, bytes);
+  }
+  count_copied(bytes);
   if (bucket.missing_outputs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (segments_) {
+      const std::uint64_t epoch = bucket.epoch.load(std::memory_order_acquire);
+      segments_->notify(flag(slot.bucket, kConsumed), epoch);
+      bucket.epoch.store(epoch + 1, std::memory_order_release);
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     for (std::size_t id : bucket.tensors) {
       tensors_[id]->marked.store(false, std::memory_order_relaxed);
@@ -355,7 +530,7 @@ std::size_t FusedReducer::bucket_of(std::size_t tensor) const {
 
 std::size_t FusedReducer::bucket_bytes(std::size_t bucket) const {
   if (bucket >= buckets_.size()) throw UsageError("bucket " + std::to_string(bucket) + " does not exist");
-  return buckets_[bucket]->buffer.size();
+  return buckets_[bucket]->count * element_size(buckets_[bucket]->dtype);
 }
 
 std::vector<BucketTimes> FusedReducer::last_step_times() const {

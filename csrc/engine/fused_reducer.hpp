@@ -24,6 +24,39 @@
 // the first also builds and warms up the framework's step. If the real order
 // changes later, only overlap is lost.
 //
+// Note [Two copies per gradient byte]
+// On one node (the algorithm resolves to shared_memory and the group has more
+// than one rank) the buckets live in the reducer's SharedSegments: bucket b
+// occupies the same bytes of every rank's segment, and
+//   ready()           copies the tensor straight into its place in this
+//                     rank's segment (copy 1);
+//   progress thread   reduces this rank's chunk of the bucket (part_of(count,
+//                     p, rank)) from all segments in rank order, in place in
+//                     its own segment (a reduction, no copy);
+//   copy_result()     copies each element range from the segment of the rank
+//                     that reduced it into the output (copy 2),
+// instead of the four copies of a private bucket handed to the shared-memory
+// allreduce (tensor -> bucket -> own slot; slots -> bucket; bucket -> output).
+// Each bucket has three flags in every segment's header, epochs counting the
+// bucket's steps (Note [Notifications are epochs]): STAGED (this rank's inputs
+// are in its segment), REDUCED (its chunk holds the result) and CONSUMED (it
+// copied out all its results of the bucket: peers may overwrite theirs).
+// Each segment holds two areas of all buckets, used by odd and even steps:
+// ready() of step e writes while peers may still copy out step e-1's results
+// (a ready() that waited for them would hold up the framework thread that
+// runs it, and every op behind it). Step e-2's results in the same area were
+// collected before the peers handed in step e-1's tensors, which this rank's
+// step e-1 needed; ready() checks that (CONSUMED >= e-2) and never waits in
+// practice. The progress thread
+// waits for STAGED >= e, reduces, notifies REDUCED = e and goes on with the
+// next bucket; a bucket is reduced once every rank's REDUCED >= e, which the
+// thread checks between buckets and waits for only when no later bucket is
+// queued. Every element is computed by one rank, in rank order, so results
+// are bitwise those of the shared-memory allreduce (Note [Bitwise identical
+// results]). A rank r >= 2 of three or more writes its sums through an
+// L1-sized block (its own input, an operand of the sum, is the destination).
+// Groups across nodes keep private buckets and the allreduce algorithms.
+//
 // Lifecycle, in the order the stages run:
 //   FusedReducer()   framework thread, once: lay out buckets, check that all
 //                    ranks registered the same layout (collective), start the
@@ -64,6 +97,7 @@
 #include "allreduce.hpp"
 #include "dtype.hpp"
 #include "process_group.hpp"
+#include "shared_segments.hpp"
 
 namespace tnt {
 
@@ -112,6 +146,12 @@ class FusedReducer {
   std::uint64_t reductions_completed() const { return reductions_completed_.load(std::memory_order_acquire); }
   // The same, summed over every reducer this process ever made (closed ones too).
   static std::uint64_t reductions_completed_in_process();
+  // Bytes copied on the reducers' data paths (ready, copy_result, and the
+  // shared-memory allreduce's staging and gathering), over the process: for
+  // tests of Note [Two copies per gradient byte].
+  static std::uint64_t copied_bytes_in_process();
+  // True when the buckets live in shared segments (Note [Two copies per gradient byte]).
+  bool buckets_in_shared_memory() const { return segments_ != nullptr; }
 
   // Collective: see the lifecycle above. Later calls fail with UsageError.
   void close();
@@ -134,7 +174,10 @@ class FusedReducer {
     DType dtype;
     std::size_t count = 0;                 // elements, sum of its tensors' counts
     std::vector<std::size_t> tensors;      // its tensors, in registration order
-    std::vector<char> buffer;              // inputs, then (once reduced) results; reduced in place
+    std::vector<char> buffer;              // private buckets: inputs, then (once reduced) results; reduced in place
+    std::size_t shared_offset = 0;         // shared buckets: first byte inside each area of every rank's segment
+    std::atomic<std::uint64_t> epoch{1};   // shared buckets: this step's number for its flags, all ranks alike;
+                                           // advanced by the last copy_result of a step
     std::atomic<int> missing_inputs{0};    // tensors not yet ready this step; 0 -> queued
     std::atomic<int> missing_outputs{0};   // tensors not yet collected this step; 0 -> filling again
     State state = State::filling;          // guarded by mutex_
@@ -142,7 +185,9 @@ class FusedReducer {
     BucketTimes times;                     // guarded by mutex_
   };
 
-  void lay_out(std::size_t fusion_threshold_bytes);
+  enum SharedFlag : int { kStaged = 0, kReduced = 1, kConsumed = 2, kFlagsPerBucket = 3 };
+
+  void lay_out(std::size_t fusion_threshold_bytes, bool shared);
   void check_same_layout(std::size_t fusion_threshold_bytes);
   void progress_loop();
   // Progress thread, once it took bucket next_bucket_: the next bucket of the
@@ -150,6 +195,19 @@ class FusedReducer {
   // once, at the end of step kStepsBeforeReordering.
   void advance_order();
   void agree_on_ready_order();
+  // Progress thread, one bucket: its whole allreduce (private buckets), or
+  // this rank's chunk of it (shared buckets; then complete once peers_reduced).
+  void reduce_bucket(std::size_t id);
+  void reduce_own_chunk(std::size_t id);
+  // Shared buckets: every peer reduced its chunk of bucket `id` this step.
+  // `wait`: poll until it did, or until the next bucket is queued or the
+  // reducer stops (then false).
+  bool peers_reduced(std::size_t id, bool wait);
+  // The bucket's results are complete: wake its waiters.
+  void publish_reduced(std::size_t id);
+  // Shared buckets: where `bucket` lies in `rank`'s segment in step `epoch`.
+  char* bucket_area(const Bucket& bucket, int rank, std::uint64_t epoch) const;
+  int flag(std::size_t bucket, SharedFlag which) const { return static_cast<int>(bucket) * kFlagsPerBucket + which; }
   void fail(const std::string& error);
   void fail_with(std::exception_ptr error, const std::string& text);
   void stop_progress_thread();
@@ -157,6 +215,10 @@ class FusedReducer {
   TensorSlot& slot(std::size_t tensor, std::size_t bytes, const char* what);
 
   std::unique_ptr<Allreducer> allreducer_;  // used only by the progress thread (Note [One communicator per user])
+  // Shared buckets' memory (Note [Two copies per gradient byte]), over allreducer_'s group; null otherwise.
+  std::unique_ptr<SharedSegments> segments_;
+  std::size_t shared_area_bytes_ = 0;      // shared buckets: bytes of one area (all buckets, 64-byte aligned)
+  std::vector<const void*> inputs_;         // progress thread only: the reduction's operands
   ReduceOp op_;
   Algorithm algorithm_;
   std::vector<std::unique_ptr<TensorSlot>> tensors_;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "copy_count.hpp"
 #include "errors.hpp"
 #include "reduce_kernels.hpp"
 
@@ -88,6 +89,7 @@ void SharedMemoryAllreduce::run_round(const AllreduceCall& call, std::size_t off
     if (c == self) continue;
     const Range chunk = part_of(length, p, c);
     std::memcpy(slot(self) + chunk.offset * elem, in + chunk.offset * elem, chunk.length * elem);
+    count_copied(chunk.length * elem);
   }
   segments_.notify(kStaged, round);
 
@@ -114,6 +116,7 @@ void SharedMemoryAllreduce::run_round(const AllreduceCall& call, std::size_t off
   if (between) between(result, own.length);
   finish_average(result, own.length, call.dtype, call.op, average_divisor);
   std::memcpy(out + own.offset * elem, result, own.length * elem);
+  count_copied(own.length * elem);
   segments_.notify(kReduced, round);
 
   // Copy each chunk as soon as its owner published it, without a fixed order.
@@ -126,6 +129,7 @@ void SharedMemoryAllreduce::run_round(const AllreduceCall& call, std::size_t off
           if (copied[c] || segments_.peek(c, kReduced) < round) continue;
           const Range chunk = part_of(length, p, c);
           std::memcpy(out + chunk.offset * elem, slot(c) + chunk.offset * elem, chunk.length * elem);
+          count_copied(chunk.length * elem);
           copied[c] = true;
           --remaining;
         }

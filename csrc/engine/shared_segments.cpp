@@ -35,19 +35,24 @@ UnclosedWindows& unclosed() {
 }
 }  // namespace
 
-SharedSegments::SharedSegments(ProcessGroup& group, std::size_t data_bytes)
-    : group_(group), data_bytes_(data_bytes), bases_(group.size()) {
+SharedSegments::SharedSegments(ProcessGroup& group, std::size_t data_bytes, int flags)
+    : group_(group),
+      flags_(flags),
+      header_bytes_(static_cast<std::size_t>(flags) * 64 + kNotesBytes),
+      data_bytes_(data_bytes),
+      bases_(group.size()) {
   TNT_ASSERT(group.on_one_node(), "shared segments need a group on one node");
+  TNT_ASSERT(flags > 0, "shared segments need at least one flag");
   MPI_Info info;
   TNT_MPI(MPI_Info_create(&info));
   // Each segment is placed in its owner's memory (first touch), not one contiguous block.
   TNT_MPI(MPI_Info_set(info, "alloc_shared_noncontig", "true"));
   char* mine = nullptr;
-  const MPI_Aint bytes = static_cast<MPI_Aint>(kHeaderBytes + data_bytes);
+  const MPI_Aint bytes = static_cast<MPI_Aint>(header_bytes_ + data_bytes);
   const int rc = MPI_Win_allocate_shared(bytes, 1, info, group.comm(), &mine, &window_);
   MPI_Info_free(&info);
   TNT_MPI(rc);
-  std::memset(mine, 0, kHeaderBytes);
+  std::memset(mine, 0, header_bytes_);
   for (int r = 0; r < group.size(); ++r) {
     MPI_Aint size = 0;
     int unit = 0;
@@ -93,6 +98,7 @@ void SharedSegments::free_all_at_exit() {
 }
 
 std::atomic<std::uint64_t>* SharedSegments::flag_of(int rank, int flag) const {
+  TNT_ASSERT(flag >= 0 && flag < flags_, "no such notification flag");
   return reinterpret_cast<std::atomic<std::uint64_t>*>(bases_[rank] + 64 * flag);
 }
 

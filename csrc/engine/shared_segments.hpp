@@ -25,10 +25,12 @@ namespace tnt {
 class SharedSegments {
  public:
   static constexpr int kFlags = 8;
-  static constexpr std::size_t kHeaderBytes = 1024;  // flags, each on its own cache line, + owner's notes
+  static constexpr std::size_t kNotesBytes = 512;
 
-  // Collective over `group`, which must be on one node.
-  SharedSegments(ProcessGroup& group, std::size_t data_bytes);
+  // Collective over `group`, which must be on one node. Each segment's header
+  // holds `flags` notification flags, each on its own cache line, then the
+  // owner's notes; its data follows, 64-byte aligned.
+  SharedSegments(ProcessGroup& group, std::size_t data_bytes, int flags = kFlags);
   // Frees the window: collective, so only by an explicit close (Note [Closing is explicit]).
   void close();
   // Hands a window that was not closed to free_all_at_exit(): freeing it waits
@@ -41,9 +43,10 @@ class SharedSegments {
   SharedSegments(const SharedSegments&) = delete;
   SharedSegments& operator=(const SharedSegments&) = delete;
 
-  char* data(int rank) const { return bases_[rank] + kHeaderBytes; }
-  // Bytes of rank's header after the flags, for small notes such as a call descriptor.
-  char* notes(int rank) const { return bases_[rank] + kFlags * 64; }
+  char* data(int rank) const { return bases_[rank] + header_bytes_; }
+  // kNotesBytes of rank's header after the flags, for small notes such as a call descriptor.
+  char* notes(int rank) const { return bases_[rank] + static_cast<std::size_t>(flags_) * 64; }
+  int flag_count() const { return flags_; }
   std::size_t data_bytes() const { return data_bytes_; }
 
   void notify(int flag, std::uint64_t epoch);
@@ -57,6 +60,8 @@ class SharedSegments {
   ProcessGroup& group_;
   MPI_Win window_ = MPI_WIN_NULL;
   std::uint64_t creation_ = 0;  // this process's count of windows made before this one
+  int flags_;
+  std::size_t header_bytes_;  // flags_ cache lines + kNotesBytes
   std::size_t data_bytes_;
   std::vector<char*> bases_;
 };

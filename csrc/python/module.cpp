@@ -274,6 +274,8 @@ PYBIND11_MODULE(_engine, m) {
 
   m.def("reductions_performed", &tnt::FusedReducer::reductions_completed_in_process,
         "bucket allreduces completed by every gradient reducer of this process, closed ones included");
+  m.def("copied_bytes", &tnt::FusedReducer::copied_bytes_in_process,
+        "bytes the gradient data path copied in this process (Note [Two copies per gradient byte])");
 
   py::class_<GroupHandle, std::shared_ptr<GroupHandle>>(m, "GroupHandle")
       .def_static("world", &GroupHandle::world)
@@ -321,6 +323,7 @@ PYBIND11_MODULE(_engine, m) {
       .def("close", &Reducer::close)
       .def_property_readonly("bucket_count", [](Reducer& r) { return r.get()->bucket_count(); })
       .def_property_readonly("reductions_completed", [](Reducer& r) { return r.get()->reductions_completed(); })
+      .def_property_readonly("buckets_in_shared_memory", [](Reducer& r) { return r.get()->buckets_in_shared_memory(); })
       .def("bucket_of", [](Reducer& r, std::size_t tensor) { return r.get()->bucket_of(tensor); })
       .def("bucket_bytes", [](Reducer& r, std::size_t bucket) { return r.get()->bucket_bytes(bucket); })
       .def_property_readonly("clock_origin", [](Reducer& r) { return r.get()->clock_origin(); })
