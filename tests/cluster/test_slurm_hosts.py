@@ -36,6 +36,15 @@ def _job_leftovers(slurm, timeout: float = 20.0) -> dict[str, dict]:
         time.sleep(0.5)
 
 
+def _under_srun_daemon(ancestors: list[str]) -> bool:
+    """The rank was started by mpirun's daemon (prted), which a Slurm step started
+    (slurmstepd: srun's work on that node), i.e. mpirun used srun, not ssh or an agent."""
+    if "prted" not in ancestors:
+        return False
+    above = [name for name in ancestors[ancestors.index("prted"):] if name != "prted"]
+    return above[:1] == ["slurmstepd"]
+
+
 def _check_one_rank_per_host(found: dict[int, dict], hosts: list[str], text: str) -> None:
     assert sorted(found) == [0, 1], text
     assert sorted(values["host"] for values in found.values()) == sorted(hosts), found
@@ -62,6 +71,9 @@ def test_sbatch_on_two_nodes_trains_one_world_with_a_rank_per_host(slurm_on_host
     assert f"batch host {hosts[0]}, nodes 2" in text, text  # the script runs on a node
     found = rank_results(text)
     _check_one_rank_per_host(found, hosts, text)
+    by_host = {values["host"]: values for values in found.values()}
+    assert "prterun" in by_host[hosts[0]]["ancestors"], found  # mpirun in the batch script
+    assert _under_srun_daemon(by_host[hosts[1]]["ancestors"]), found
     for values in found.values():
         # the settings reach the rank on the other host too (mpirun -x through its daemon)
         assert values["omp_threads"] == "1" and values["timeout_seconds"] == 123.0, values
@@ -80,7 +92,9 @@ def test_salloc_from_the_login_node_places_a_rank_on_each_host(slurm_on_hosts):
         ["salloc", "-N", "2", "-n", "2", "--time=3", *LAUNCHER, "--output-on-all-devices",
          "--", PROGRAM, "layout-only"], timeout=180, cwd=REPO_ROOT, env={"PYTHONPATH": REPO_ROOT})
     assert done.returncode == 0, done.stdout + done.stderr
-    _check_one_rank_per_host(rank_results(done.stdout), hosts, done.stdout + done.stderr)
+    found = rank_results(done.stdout)
+    _check_one_rank_per_host(found, hosts, done.stdout + done.stderr)
+    assert all(_under_srun_daemon(values["ancestors"]) for values in found.values()), found
     assert _job_leftovers(slurm_on_hosts) == {}
 
 

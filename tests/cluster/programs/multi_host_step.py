@@ -2,7 +2,8 @@
 one allreduce and (unless given `layout-only`) a few training steps of tnt.Model; one
 `RESULT <json>` line per rank.
 
-tests/cluster/test_multi_host.py checks the values against the cluster's shape.
+tests/cluster/test_multi_host.py checks the values against the cluster's shape,
+test_slurm.py and test_slurm_hosts.py against the Slurm allocation.
 """
 import hashlib
 import json
@@ -14,6 +15,21 @@ import numpy as np
 
 import tarantella as tnt
 
+
+def ancestors(limit: int = 8) -> list[str]:
+    """The names of the processes above this one (who started the rank)."""
+    names, pid = [], os.getppid()
+    while pid > 1 and len(names) < limit:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                text = handle.read()
+        except OSError:
+            break
+        names.append(text[text.index("(") + 1:text.rindex(")")])
+        pid = int(text.rsplit(")", 1)[1].split()[1])
+    return names
+
+
 world = tnt.runtime.world_group()
 rank, size = world.rank, world.size
 found = {"rank": rank, "size": size, "host": socket.gethostname(),
@@ -21,7 +37,7 @@ found = {"rank": rank, "size": size, "host": socket.gethostname(),
          "mpi_local_rank": int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "-1")),
          "mpi_local_size": int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "-1")),
          "omp_threads": os.environ.get("OMP_NUM_THREADS"),
-         "timeout_seconds": tnt.runtime.settings().timeout_seconds}
+         "timeout_seconds": tnt.runtime.settings().timeout_seconds, "ancestors": ancestors()}
 for name in ("node_count", "local_rank", "local_size"):  # the engine's node layout
     found[name] = getattr(world, name)
 
