@@ -22,8 +22,14 @@ namespace tnt {
 void rabenseifner_allreduce(ProcessGroup& group, const AllreduceCall& call, std::vector<char>& scratch) {
   const std::size_t elem = element_size(call.dtype);
   char* out = static_cast<char*>(call.out);
-  if (call.out != call.in) std::memmove(out, call.in, call.count * elem);
   const Fold fold(group.rank(), group.size());
+  // Where this rank's current values are: the first halving step reads `in`
+  // itself (Note [Reading the input in place]); a fold works on `out`.
+  const char* current = static_cast<const char*>(call.in);
+  if (fold.remainder > 0 || fold.core_size == 1) {
+    if (call.out != call.in) std::memmove(out, call.in, call.count * elem);
+    current = out;
+  }
   fold_in(group, fold, call, scratch);
   if (fold.core_rank >= 0) {
     // What each halving step split and which half this rank kept, retraced backwards.
@@ -41,9 +47,11 @@ void rabenseifner_allreduce(ProcessGroup& group, const AllreduceCall& call, std:
       const bool keep_upper = (fold.core_rank & mask) != 0;
       const Range keep = keep_upper ? upper : lower;
       const Range give = keep_upper ? lower : upper;
-      exchange(group, out + give.offset * elem, give.length * elem, partner, scratch.data(), keep.length * elem,
+      exchange(group, current + give.offset * elem, give.length * elem, partner, scratch.data(), keep.length * elem,
                partner, "Rabenseifner allreduce (reduce-scatter)");
-      reduce_into(out + keep.offset * elem, scratch.data(), keep.length, call.dtype, call.op);
+      combine_into(out + keep.offset * elem, current + keep.offset * elem, scratch.data(), keep.length, call.dtype,
+                   call.op);
+      current = out;
       steps.push_back({mine, keep_upper});
       mine = keep;
     }

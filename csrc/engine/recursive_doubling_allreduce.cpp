@@ -12,15 +12,21 @@ namespace tnt {
 
 void recursive_doubling_allreduce(ProcessGroup& group, const AllreduceCall& call, std::vector<char>& scratch) {
   const std::size_t bytes = call.count * element_size(call.dtype);
-  if (call.out != call.in) std::memmove(call.out, call.in, bytes);
   const Fold fold(group.rank(), group.size());
+  // The first step reads `in` itself (Note [Reading the input in place]); a fold works on `out`.
+  const void* current = call.in;
+  if (fold.remainder > 0 || fold.core_size == 1) {
+    if (call.out != call.in) std::memmove(call.out, call.in, bytes);
+    current = call.out;
+  }
   fold_in(group, fold, call, scratch);
   if (fold.core_rank >= 0) {
     scratch.resize(bytes);
     for (int mask = 1; mask < fold.core_size; mask <<= 1) {
       const int partner = fold.group_rank_of(fold.core_rank ^ mask);
-      exchange(group, call.out, bytes, partner, scratch.data(), bytes, partner, "recursive-doubling allreduce");
-      reduce_into(call.out, scratch.data(), call.count, call.dtype, call.op);
+      exchange(group, current, bytes, partner, scratch.data(), bytes, partner, "recursive-doubling allreduce");
+      combine_into(call.out, current, scratch.data(), call.count, call.dtype, call.op);
+      current = call.out;
     }
   }
   fold_out(group, fold, call);

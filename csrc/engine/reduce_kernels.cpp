@@ -205,8 +205,12 @@ void reduce_many(void* out, const void* const* in, int n, std::size_t count, DTy
 }
 
 void reduce_into(void* acc, const void* in, std::size_t count, DType dtype, ReduceOp op) {
-  const void* inputs[2] = {acc, in};
-  reduce_many(acc, inputs, 2, count, dtype, op);
+  combine_into(acc, acc, in, count, dtype, op);
+}
+
+void combine_into(void* out, const void* mine, const void* received, std::size_t count, DType dtype, ReduceOp op) {
+  const void* inputs[2] = {mine, received};
+  reduce_many(out, inputs, 2, count, dtype, op);
 }
 
 void finish_average(void* buf, std::size_t count, DType dtype, ReduceOp op, int divisor) {

@@ -13,6 +13,15 @@ namespace tnt {
 // acc[i] = acc[i] (op) in[i]; `average` combines like `sum`.
 void reduce_into(void* acc, const void* in, std::size_t count, DType dtype, ReduceOp op);
 
+// Note [Reading the input in place]
+// An allreduce with `out` apart from `in` need not copy `in` to `out` first:
+// its first step reads `in` and writes mine (op) received into `out`, with the
+// same bits as copying and then reduce_into. The flat algorithms whose first
+// step reads the whole input (recursive doubling, Rabenseifner without a fold)
+// save that copy, a memory pass over the message on every call.
+// out[i] = mine[i] (op) received[i]; `out` may alias `mine`.
+void combine_into(void* out, const void* mine, const void* received, std::size_t count, DType dtype, ReduceOp op);
+
 // out[i] = in[0][i] (op) in[1][i] (op) ... (op) in[n-1][i], left to right.
 // `out` may alias in[0].
 void reduce_many(void* out, const void* const* in, int n, std::size_t count, DType dtype, ReduceOp op);
