@@ -48,7 +48,7 @@ def _under_srun_daemon(ancestors: list[str]) -> bool:
 def _check_one_rank_per_host(found: dict[int, dict], hosts: list[str], text: str) -> None:
     assert sorted(found) == [0, 1], text
     assert sorted(values["host"] for values in found.values()) == sorted(hosts), found
-    for rank, values in found.items():
+    for values in found.values():
         assert values["size"] == 2 and values["allreduce_ok"], values
         assert values["on_one_node"] is False, values       # MPI_Comm_split_type(SHARED)
         assert values["node_count"] == 2, values
