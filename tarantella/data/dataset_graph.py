@@ -118,16 +118,18 @@ def reapply(link: Link, new_input: tf.data.Dataset, cache_suffix: str = "") -> t
     raise ValueError(f"tarantella: cannot re-apply {link.name}")
 
 
-def map_part(link: Link, new_input: tf.data.Dataset, key: str) -> tf.data.Dataset:
-    """The link's map applied to `element[key]` of `new_input`'s dict elements (other keys pass through),
-    with the map's parallelism and determinism."""
+def map_part(link: Link, new_input: tf.data.Dataset, part: int | None = None) -> tf.data.Dataset:
+    """The link's map applied to `new_input`'s elements (`part` given: to `element[part]` of its tuple
+    elements, the other parts pass through), with the map's parallelism and determinism."""
     node = link.dataset
     function = node._map_func
     parallel = getattr(node, "_num_parallel_calls", None)
     deterministic = {"true": True, "false": False}.get(getattr(node, "_deterministic", "default"))
 
-    def apply(element):
-        return {**element, key: _call(function, element[key])}
+    def apply(*element):
+        if part is None:
+            return _call(function, _unsplat(element))
+        return tuple(_call(function, piece) if index == part else piece for index, piece in enumerate(element))
 
     if parallel is None:
         return new_input.map(apply)

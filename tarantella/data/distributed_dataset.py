@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tarantella.data import batching
+from tarantella.data import batching, order_check
 
 __all__ = ["DATA", "GLOBAL_SIZE", "FIRST_INDEX", "is_distributed_element", "rank_range", "rank_start_count", "sliced_for_rank",
            "from_arrays", "class_weights_as_sample_weights"]
@@ -60,14 +60,17 @@ def _slice_for_rank(batch, size: int, rank: int):
 
 def sliced_for_rank(dataset: tf.data.Dataset, size: int, rank: int, fingerprint=None) -> tf.data.Dataset:
     """Each element of `dataset` is a global batch, read in full; keep this rank's part of each.
-    (The fallback for pipelines tarantella/data/rank_pipeline.py cannot rewrite.)"""
-    def take_part(offset, batch):
+    (The fallback for pipelines tarantella/data/rank_pipeline.py cannot rewrite.) With a fingerprint
+    (order_check.Fingerprint), every global batch is folded into it."""
+    def take_part(state, batch):
+        offset, position, folded = state
         if fingerprint is not None:
-            fingerprint.record(tf.equal(offset, 0), batch)
+            folded = fingerprint.fold(position, folded, order_check.batch_hash(batch))
         part, total, start = _slice_for_rank(batch, size, rank)
-        return offset + total, {DATA: part, GLOBAL_SIZE: total, FIRST_INDEX: offset + start}
+        return (offset + total, position + 1, folded), {DATA: part, GLOBAL_SIZE: total, FIRST_INDEX: offset + start}
 
-    return dataset.scan(tf.constant(0, tf.int64), take_part)
+    start = fingerprint.start() if fingerprint is not None else tf.constant(0, tf.int64)
+    return dataset.scan((tf.constant(0, tf.int64), tf.constant(0, tf.int64), start), take_part)
 
 
 def from_arrays(arrays, batch_size: int, shuffle: bool, seed: int, size: int, rank: int) -> tf.data.Dataset:

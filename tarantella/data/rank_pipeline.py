@@ -18,12 +18,12 @@ rank becomes
   global batch instead of B. The element-wise maps commute with the order
   links (a shuffle, take or repeat moves whole elements whatever their values),
   so the global batches hold exactly serial's samples in serial's order.
-- Every selected sample carries its global batch's size and first position;
-  batching by b_r (rank r's share of a full global batch) re-forms exactly the
-  rank's micro-batches, the last partial one included. A rank with no sample
-  in a partial last batch takes one placeholder sample (the batch's first),
-  cut away after batching, so that every rank yields the same number of
-  micro-batches (an empty one here).
+- Batching the rank's samples by b_r (its share of a full global batch)
+  re-forms exactly its micro-batches (Note [Selecting by blocks]). Where the
+  last global batch may be partial, every selected sample carries its global
+  batch's size, and a rank with no sample in a partial last batch takes one
+  placeholder sample (the batch's first), cut away after batching, so that
+  every rank yields the same number of micro-batches (an empty one here).
 - The links after the batch act on whole batches; re-applied to the
   micro-batches (shuffles with the same seeds and fresh generators) they pick
   the same global batches on every rank. A file `cache` gets a per-rank name.
@@ -46,12 +46,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import zlib
 
 import tensorflow as tf
 
 from tarantella import runtime
 from tarantella.data import batching, dataset_graph as graph, distributed_dataset
-from tarantella.data.order_check import Fingerprint
+from tarantella.data.order_check import Fingerprint, batch_hash
 
 __all__ = ["Plan", "plan", "for_rank", "unseeded_shuffles", "warn_on_master"]
 
@@ -59,7 +60,6 @@ logger = logging.getLogger("tarantella")
 
 _AFTER_BATCH_KINDS = graph.ORDER_KINDS + (graph.CACHE,)
 _TAIL_KINDS = graph.ORDER_KINDS + (graph.MAP,)
-ELEM, TOTAL, PLACEHOLDER = "elem", "total", "placeholder"
 
 
 @dataclasses.dataclass
@@ -139,20 +139,24 @@ def for_rank(dataset: tf.data.Dataset, the_plan: Plan, size: int, rank: int,
         cheap = graph.reapply(the_plan.prefix_cache, cheap, suffix)
     for link in the_plan.order:
         cheap = graph.reapply(link, cheap)
-    selected = _select(cheap, the_plan.global_batch, the_plan.drop_remainder, size, rank, fingerprint)
+    fingerprint.salt = _after_salt(the_plan.after)
+    full = the_plan.drop_remainder  # every global batch full: no per-sample facts needed (Note [Selecting by blocks])
+    selected = _select(cheap, the_plan.global_batch, full, size, rank, fingerprint)
     for link in the_plan.maps:
-        selected = graph.map_part(link, selected, ELEM)
+        selected = graph.map_part(link, selected, None if full else 0)
     micro = batching.micro_batch_size(the_plan.global_batch, size, rank)
     if the_plan.batch.kind == graph.PADDED_BATCH:
         node = the_plan.batch.dataset
-        scalar = tf.TensorShape([])
-        micro_batches = selected.padded_batch(
-            micro, padded_shapes={ELEM: node._padded_shapes, TOTAL: scalar, PLACEHOLDER: scalar},
-            padding_values={ELEM: node._padding_values, TOTAL: tf.constant(0, tf.int64), PLACEHOLDER: False},
-            drop_remainder=the_plan.drop_remainder)
+        shapes, values = node._padded_shapes, node._padding_values
+        if not full:
+            shapes, values = (shapes, tf.TensorShape([_FACTS])), (values, tf.constant(0, tf.int64))
+        micro_batches = selected.padded_batch(micro, padded_shapes=shapes, padding_values=values,
+                                              drop_remainder=full)
     else:
-        micro_batches = selected.batch(micro, drop_remainder=the_plan.drop_remainder)
-    result = micro_batches.map(_as_micro_batch if not the_plan.drop_remainder else _as_full_micro_batch)
+        micro_batches = selected.batch(micro, drop_remainder=full)
+    total = the_plan.global_batch
+    result = micro_batches.map(lambda *data: (_unsplat(data), tf.constant(total, tf.int64))) if full \
+        else micro_batches.map(_as_micro_batch)
     for link in the_plan.after:
         result = graph.reapply(link, result, suffix)
     result = result.scan(tf.constant(0, tf.int64), functools.partial(_as_distributed_element, size=size, rank=rank))
@@ -162,31 +166,60 @@ def for_rank(dataset: tf.data.Dataset, the_plan: Plan, size: int, rank: int,
     return result.with_options(dataset.options())
 
 
-def _select(cheap: tf.data.Dataset, global_batch: int, drop_remainder: bool, size: int, rank: int,
+# Note [Selecting by blocks]
+# The selection works on whole global batches of the cheap (pre-map) stream: batch by B, keep the
+# rank's contiguous slice, unbatch. Per sample nothing is added when every global batch is full
+# (drop_remainder): re-batching the rank's samples by b_r gives exactly its micro-batches, so the
+# user's maps run on the user's own elements, as after `Dataset.shard`. Only a pipeline whose last
+# global batch may be partial carries per sample a small vector of its batch's facts (_FACTS: the
+# global size, and whether the sample is the placeholder of an empty micro-batch).
+# The order check folds each global batch's hash here, in selection order; the links after the batch
+# reorder whole batches by their constant seeds and counts, which the fingerprint's salt covers
+# (Note [Same order on every rank] in order_check.py).
+_FACTS = 2  # [global batch size, 1 if placeholder else 0]
+
+
+def _select(cheap: tf.data.Dataset, global_batch: int, full: bool, size: int, rank: int,
             fingerprint: Fingerprint) -> tf.data.Dataset:
-    """This rank's samples of each global batch of `cheap`, one by one, each with its batch's facts."""
-    def take_part(offset, batch):
+    """This rank's samples of each global batch of `cheap`, one by one (with their batch's facts unless
+    every batch is `full`); folds each global batch into `fingerprint`."""
+    def take_part(state, batch):
+        position, folded = state
         total, start, count = distributed_dataset.rank_range(batch, size, rank)
-        fingerprint.record(tf.equal(offset, 0), batch)
+        state = (position + 1, fingerprint.fold(position, folded, batch_hash(batch)))
+        if full:
+            return state, tf.nest.map_structure(lambda tensor: tensor[start:start + count], batch)
         placeholder = tf.equal(count, 0)
         begin = tf.where(placeholder, tf.constant(0, tf.int64), start)
         length = tf.where(placeholder, tf.constant(1, tf.int64), count)
         part = tf.nest.map_structure(lambda tensor: tensor[begin:begin + length], batch)
-        return offset + total, {ELEM: part, TOTAL: tf.fill([length], total),
-                                PLACEHOLDER: tf.fill([length], placeholder)}
+        facts = tf.stack([total, tf.cast(placeholder, tf.int64)])
+        return state, (part, tf.tile(facts[tf.newaxis], [length, 1]))
 
-    return cheap.batch(global_batch, drop_remainder=drop_remainder).scan(
-        tf.constant(0, tf.int64), take_part).unbatch()
-
-
-def _as_full_micro_batch(micro_batch):
-    return micro_batch[ELEM], micro_batch[TOTAL][0]
+    return cheap.batch(global_batch, drop_remainder=full).scan(
+        (tf.constant(0, tf.int64), fingerprint.start()), take_part).unbatch()
 
 
-def _as_micro_batch(micro_batch):
+def _after_salt(after: list[graph.Link]) -> int:
+    """A number for the links after the batch with their constant arguments (seeds, counts): it differs
+    between ranks exactly when those links reorder or pick batches differently."""
+    described = []
+    for link in after:
+        node = link.dataset
+        arguments = [graph.static_value(getattr(node, name, None)) for name in ("_seed", "_seed2", "_count",
+                                                                                "_buffer_size")]
+        described.append(f"{link.kind}{arguments}")
+    return zlib.crc32("|".join(described).encode())
+
+
+def _unsplat(args):
+    return args[0] if len(args) == 1 else args
+
+
+def _as_micro_batch(data, facts):
     """Cut the placeholder sample of an empty micro-batch away."""
-    count = tf.where(micro_batch[PLACEHOLDER][0], 0, tf.shape(micro_batch[TOTAL])[0])
-    return tf.nest.map_structure(lambda tensor: tensor[:count], micro_batch[ELEM]), micro_batch[TOTAL][0]
+    count = tf.where(tf.equal(facts[0, 1], 1), 0, tf.shape(facts)[0])
+    return tf.nest.map_structure(lambda tensor: tensor[:count], data), facts[0, 0]
 
 
 def _as_distributed_element(offset, micro_batch, *, size: int, rank: int):

@@ -38,7 +38,8 @@ def test_every_input_kind_reads_its_share_and_trains_as_serial(n):
     for values in found["from_function"].values():
         assert values["samples"] == N // n and values["all_once"] and values["loss_finite"]
     if n > 1:
-        for kind in ("order_mismatch_per_rank_seed", "order_mismatch_per_rank_generator"):
+        for kind in ("order_mismatch_per_rank_seed", "order_mismatch_per_rank_batch_shuffle",
+                     "order_mismatch_last_batch_differs", "order_mismatch_per_rank_generator"):
             for values in found[kind].values():
                 assert values["raised"] and "same seed on all ranks" in values["message"], (kind, values)
         for values in found["unseeded_shuffle"].values():

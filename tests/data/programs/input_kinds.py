@@ -155,10 +155,18 @@ history = distributed.fit(distribute_datasets_from_function(
 report("from_function", samples=len(mine), all_once=sorted(everyone.tolist()) == list(range(N)),
        loss_finite=bool(np.isfinite(history.history["loss"]).all()))
 
-# 6. Order mismatch between ranks: a per-rank shuffle seed, and a generator with a per-rank order.
+# 6. Order mismatch between ranks: a per-rank shuffle seed (of samples, or of whole batches after the batch),
+# a pipeline equal on every rank but for its last batch, and a generator with a per-rank order.
+LAST_SWAPPED = np.arange(N)
+if RANK > 0:
+    LAST_SWAPPED[[-1, -2]] = LAST_SWAPPED[[-2, -1]]
 if SIZE > 1:
     for kind, make in (
             ("per_rank_seed", lambda: tf.data.Dataset.range(N).shuffle(N, seed=100 + RANK).map(features).batch(BATCH)),
+            ("per_rank_batch_shuffle",
+             lambda: tf.data.Dataset.range(N).map(features).batch(BATCH).shuffle(4, seed=100 + RANK)),
+            ("last_batch_differs",
+             lambda: tf.data.Dataset.from_tensor_slices(LAST_SWAPPED).map(features).batch(BATCH)),
             ("per_rank_generator", lambda: (batch for batch in list(generator())[RANK:] + list(generator())[:RANK]))):
         _, distributed = model_pair()
         try:
