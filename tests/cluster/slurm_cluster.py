@@ -26,6 +26,7 @@ Note [Slurm across namespace hosts]
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -139,7 +140,7 @@ class SlurmCluster:
                           f"State=UNKNOWN" for name, address, _ in self.nodes)
         with open(self.conf, "w") as handle:
             handle.write(_CONFIG.format(
-                name=f"tnt{os.getpid()}", ctld_name=self.controller[0],
+                name=f"tnt{secrets.token_hex(4)}", ctld_name=self.controller[0],
                 ctld_address=self.controller[1], dir=self.dir, ctld_port=_free_port(),
                 slurmd_port=_free_port(), nodes=nodes, node_names=",".join(self.node_names)))
         with open(os.path.join(self.dir, "cgroup.conf"), "w") as handle:
