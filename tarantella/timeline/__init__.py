@@ -1,7 +1,8 @@
 """The timeline: a Chrome/Perfetto trace of a job (`tarantella --timeline FILE`).
 
 Span names are documented in Note [Timeline span names] (names.py); files in
-Note [Timeline files] (session.py). Other parts of tarantella (pipelining) and
+Note [Timeline files] (session.py); `python -m tarantella.timeline` merges,
+measures the overlap of (overlap) and draws a step of (render) a trace. Other parts of tarantella (pipelining) and
 user programs add spans with `span(name, track=..., **args)`; while the
 timeline is off it costs one dictionary lookup.
 """

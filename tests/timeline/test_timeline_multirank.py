@@ -58,7 +58,7 @@ TWO_BRANCH = os.path.join(os.path.dirname(__file__), "programs", "two_branch_sta
 def test_starts_follow_backprop_not_registration_order(tmp_path):
     """One bucket per tensor (--fusion-threshold 0). Registration order is the reverse of the variables:
     out, deep3 .. deep0, shallow (a subclassed model: variables in attribute order). Backprop produces the shallow layer's gradients right after out's, long
-    before deep0's (four 1024-wide layers later): its bucket must be handed over (bucket_ready) first, and once
+    before deep0's (four 2048-wide layers later): its bucket must be handed over (bucket_ready) first, and once
     the ranks agreed on the order they saw (after the second step), also be reduced first."""
     target = tmp_path / "trace.json"
     result = run_ranks(2, TWO_BRANCH, timeout=240,
@@ -81,6 +81,16 @@ def test_starts_follow_backprop_not_registration_order(tmp_path):
         early = [step for step in steps[1:] if ready[(rank, step, shallow)] < ready[(rank, step, deep0)]]
         assert 2 * len(early) >= len(steps) - 1, f"rank {rank}: shallow's start waited for deep0's in steps " \
                                                   f"{sorted(set(steps[1:]) - set(early))}"
+    # Finishes are not chained behind the last start either (Note [Start and finish ops are not chained]): the
+    # first reduced gradient reaches the optimizer (optimizer_update begins) while backprop still runs. Chained,
+    # every finish ran after the last start, so after the last gradient, in every step.
+    for rank in (0, 1):
+        mine = [e for e in trace_file.spans(trace) if e["pid"] == rank]
+        backward_end = {e["args"]["step"]: e["ts"] + e["dur"] for e in mine if e["name"] == names.BACKWARD}
+        update_begin = {e["args"]["step"]: e["ts"] for e in mine if e["name"] == names.OPTIMIZER}
+        during = [step for step in steps[1:] if update_begin[step] < backward_end[step]]
+        assert 2 * len(during) >= len(steps) - 1, f"rank {rank}: the first reduced gradient came after backprop " \
+                                                   f"in steps {sorted(set(steps[1:]) - set(during))}"
     # Note [Buckets are reduced in an agreed order]: from the third step on, every rank reduces its buckets
     # in the order rank 0 queued them in the second step.
     buckets = sorted({bucket for _, _, bucket in ready})

@@ -22,7 +22,7 @@ class TwoBranch(keras.Model):
     def __init__(self):
         super().__init__()
         self.shallow = keras.layers.Dense(8, name="shallow")
-        self.deep = [keras.layers.Dense(1024, activation="relu", name=f"deep{i}") for i in range(4)]
+        self.deep = [keras.layers.Dense(2048, activation="relu", name=f"deep{i}") for i in range(4)]
         self.out = keras.layers.Dense(4, name="out")
 
     def call(self, x):
