@@ -41,10 +41,11 @@ def sample_like(spec: tf.TensorSpec) -> tf.Tensor:
     return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
 
 
-def with_placeholder(batch):
-    """(the batch to run, its real sample count, whether it may be empty)."""
+def with_placeholder(batch, can_be_empty: bool = True):
+    """(the batch to run, its real sample count, whether it may be empty). can_be_empty=False (a single
+    rank: every batch it gets holds a sample) builds nothing, as a positive static size does."""
     count, static = _sample_count(batch)
-    if static is not None and static > 0:
+    if not can_be_empty or (static is not None and static > 0):
         return batch, count, False
 
     def swap(tensor):

@@ -90,6 +90,9 @@ class Model(keras.Model):
         self.world_size = runtime.get_size()
         self._allreducers: list[tuple[str, GraphAllreducer]] = []  # (purpose, allreducer)
         self._gradient_allreducer: GraphAllreducer | None = None
+        self._metric_state_count = 0  # metric tensors riding at the end of the gradient allreducer
+        # Note [Metric state rides with the gradients]; False (tests, measurements): a separate reduction after them
+        self._metrics_ride = True
         self._validation_dataset = None
         self._weights_synchronized = False
         self._metrics_local = False
@@ -234,15 +237,34 @@ class Model(keras.Model):
             return user_steps.predict_step(self, data)
         return tf_steps.predict_step(self, data)
 
+    @property
+    def metrics_ride_with_gradients(self) -> bool:
+        """The train step sums the metric state in the gradient reduction
+        (Note [Metric state rides with the gradients] in metric_reduction.py)."""
+        return self.world_size > 1 and self._metrics_ride
+
     def reduce_gradients(self, gradients, variables):
         """Sum of every rank's gradients (called while tracing the train step)."""
+        return self.reduce_gradients_and_metrics(gradients, variables)[0]
+
+    def reduce_gradients_and_metrics(self, gradients, variables, metric_state=()):
+        """(sum of every rank's gradients, sum of every rank's `metric_state` tensors), in one reduction
+        (Note [Metric state rides with the gradients] in metric_reduction.py); call while tracing a train step."""
+        metric_state = list(metric_state)
         if self.world_size == 1:
-            return gradients
+            return gradients, metric_state
+
         def allreducer_for(tensors):
             self._gradient_allreducer = self._allreducer_for(tensors, "gradients")
+            self._metric_state_count = len(metric_state)
             return self._gradient_allreducer
 
-        return gradient_reduction.weighted_sum(gradients, variables, None, allreducer_for, self.overlap_communication)
+        riding = metric_reduction.RidingAllreducer(allreducer_for, metric_state)
+        reduced = gradient_reduction.weighted_sum(gradients, variables, None, riding, self.overlap_communication)
+        summed_state = riding.summed_state
+        if summed_state is None:  # no dense gradient to ride with
+            summed_state = self._allreducer_for(metric_state, "metrics")(metric_state) if metric_state else []
+        return reduced, summed_state
 
     def communication_profile(self) -> dict | None:
         """How the last train step's gradient allreduce overlapped backprop (see tarantella.keras.overlap);
@@ -281,11 +303,21 @@ class Model(keras.Model):
         self._allreducers.append((purpose, allreducer))
         return allreducer
 
+    def _timeline_allreducers(self) -> list:
+        """(purpose, allreducer) pairs for the timeline: the metric buckets riding in the gradient reducer
+        count as the metrics' (Note [Metric state rides with the gradients])."""
+        pairs = list(self._allreducers)
+        if self._gradient_allreducer is not None and self._metric_state_count:
+            pairs.append(("metrics", metric_reduction.MetricBuckets(self._gradient_allreducer,
+                                                                    self._metric_state_count)))
+        return pairs
+
     def _close_allreducers(self):
         for _, allreducer in self._allreducers:
             allreducer.close()
         self._allreducers = []
         self._gradient_allreducer = None
+        self._metric_state_count = 0
 
     # --- fit / evaluate / predict -----------------------------------------------
 
@@ -333,7 +365,7 @@ class Model(keras.Model):
         callbacks = list(rank_callbacks.callbacks_for_this_rank(callbacks) or []) + repro_hook.extra_callbacks()
         callbacks += order_check.callbacks(train=train, test=validation)  # collective, on every rank
         if timeline.enabled():  # Note [Timeline span names]
-            callbacks.append(step_events.TimelineCallback(lambda: list(self._allreducers)))
+            callbacks.append(step_events.TimelineCallback(self._timeline_allreducers))
         self._validation_dataset = validation
         try:
             return super().fit(train, epochs=epochs, verbose=rank_callbacks.verbosity_for_this_rank(verbose),

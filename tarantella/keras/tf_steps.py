@@ -49,7 +49,8 @@ def _state_to_keep(model) -> list:
 
 def train_step(model, data):
     batch, global_size, _ = unpack(data, model.world_size)
-    batch, local_size, may_be_empty = empty_micro_batch.with_placeholder(batch)  # Note [Empty micro-batches]
+    # Note [Empty micro-batches]; a single rank's batches are never empty (plain Keras's step)
+    batch, local_size, may_be_empty = empty_micro_batch.with_placeholder(batch, model.world_size > 1)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
     restorer = empty_micro_batch.Restorer(_state_to_keep(model), may_be_empty)
     with tf.GradientTape() as tape:
@@ -59,35 +60,46 @@ def train_step(model, data):
         scaled = graph_marks.mark(model.optimizer.scale_loss(loss * share), graph_marks.LOSS)  # timeline only
     variables = model.trainable_variables
     gradients = tape.gradient(scaled, variables)
-    model.optimizer.apply(model.reduce_gradients(gradients, variables), variables)
-    graph_marks.mark_after_updates(variables)  # timeline only
+    # The metrics are updated before the update of the weights (they need y_pred only), so that
+    # their state rides with the gradients (Note [Metric state rides with the gradients]).
     model.loss_tracker.update_state(loss, sample_weight=local_size)
-    return _global_metrics(model, x, y, y_pred, sample_weight, restorer, local_size)
+    local_results = _update_metrics(model, x, y, y_pred, sample_weight, restorer, local_size)
+    riding = metric_reduction.metric_state(model.metrics) if model.metrics_ride_with_gradients else []
+    gradients, summed_state = model.reduce_gradients_and_metrics(gradients, variables, riding)
+    model.optimizer.apply(gradients, variables)
+    graph_marks.mark_after_updates(variables)  # timeline only
+    if riding:
+        return metric_reduction.results_from_state(model.metrics, summed_state)
+    if model.world_size == 1:
+        return local_results
+    return model.get_metrics_result()  # the state summed over ranks, after the gradients
 
 
 def test_step(model, data):
     batch, _, _ = unpack(data, model.world_size)
-    batch, local_size, may_be_empty = empty_micro_batch.with_placeholder(batch)
+    batch, local_size, may_be_empty = empty_micro_batch.with_placeholder(batch, model.world_size > 1)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
     restorer = empty_micro_batch.Restorer(_state_to_keep(model), may_be_empty)
     y_pred = model(x, training=False)
     loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
     model.loss_tracker.update_state(loss, sample_weight=local_size)
-    return _global_metrics(model, x, y, y_pred, sample_weight, restorer, local_size)
+    local_results = _update_metrics(model, x, y, y_pred, sample_weight, restorer, local_size)
+    return local_results if model.world_size == 1 else model.get_metrics_result()  # the state summed over ranks
 
 
-def _global_metrics(model, x, y, y_pred, sample_weight, restorer, local_size):
-    """Update the metrics with this micro-batch, undo a placeholder's traces, then sum the state over ranks."""
+def _update_metrics(model, x, y, y_pred, sample_weight, restorer, local_size):
+    """Update the metrics with this micro-batch and undo a placeholder's traces; this rank's results
+    (the global ones on a single rank)."""
     with model.local_metric_results():
-        model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        results = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
     restorer.restore_if_empty(local_size)
-    return model.get_metrics_result()
+    return results
 
 
 def predict_step(model, data):
     """The predictions, and (for tarantella's own input) each one's position in the input."""
     batch, _, first_index = unpack(data, model.world_size)
-    batch, local_size, _ = empty_micro_batch.with_placeholder(batch)
+    batch, local_size, _ = empty_micro_batch.with_placeholder(batch, model.world_size > 1)
     x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
     y_pred = tf.nest.map_structure(lambda tensor: tensor[:local_size], model(x, training=False))
     return with_positions(data, y_pred, first_index, local_size)

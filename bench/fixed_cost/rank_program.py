@@ -1,0 +1,179 @@
+"""One launch of the fixed-cost benchmark (bench/fixed_cost/__init__.py): one model in one mode on
+however many ranks the launcher started; prints `TNT_BENCH_RESULT {json}` from rank 0 with every
+rank's figures.
+
+    tarantella -n 2 -- bench/fixed_cost/rank_program.py --mode tnt --model mlp8x512 --micro-batch 128
+    tarantella -n 2 -- bench/fixed_cost/rank_program.py --mode collectives --model mlp8x512 resnet50_small
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+MODES = ("keras", "tnt", "tnt_metrics_after", "collectives")
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="bench/fixed_cost/rank_program.py")
+    parser.add_argument("--mode", choices=MODES, required=True)
+    parser.add_argument("--model", nargs="+", required=True, help="one model (several for --mode collectives)")
+    parser.add_argument("--micro-batch", type=int, default=32, help="samples per rank and step")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup-steps", type=int, default=5)
+    parser.add_argument("--repetitions", type=int, default=10, help="collectives: timed calls per figure")
+    return parser.parse_args(argv)
+
+
+def _threads():
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(int(os.environ.get("TF_NUM_INTRAOP_THREADS", "1")))
+    tf.config.threading.set_inter_op_parallelism_threads(int(os.environ.get("TF_NUM_INTEROP_THREADS", "1")))
+    return tf
+
+
+class _Ranks:
+    """Rank, size, barrier and gather to rank 0: through tarantella, or (plain Keras on several ranks,
+    which must not touch the engine) through mpi4py."""
+
+    def __init__(self, use_tarantella: bool):
+        if use_tarantella:
+            import tarantella as tnt
+            self.rank, self.size = tnt.get_rank(), tnt.get_size()
+            self.barrier = tnt.barrier
+            self._gather = tnt.allgather_object
+        else:
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+            self.rank, self.size = comm.Get_rank(), comm.Get_size()
+            self.barrier = comm.Barrier
+            self._gather = comm.allgather
+
+    def gather(self, value):
+        return self._gather(value)
+
+
+def _train(args, ranks: _Ranks) -> dict:
+    tf = _threads()
+    import keras
+
+    from bench.fixed_cost import models
+    from bench.programs.step_timer import StepTimer
+    spec = models.get(args.model[0])
+    keras.utils.set_random_seed(1)
+    model = spec.build()
+    parameters = int(sum(int(v.shape.num_elements()) for v in model.trainable_variables))
+    distributed = args.mode != "keras"
+    if distributed:
+        import tarantella as tnt
+        model = tnt.Model(model)
+        model._metrics_ride = args.mode != "tnt_metrics_after"  # Note [Metric state rides with the gradients]
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=1e-3, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
+                  jit_compile=False)
+    # tnt.Model takes the global batch; plain Keras on every rank trains its own micro-batches.
+    batch = args.micro_batch * (ranks.size if distributed else 1)
+
+    def fit(steps, callbacks=()):
+        x, y = spec.data(batch * steps, seed=1 + ranks.rank * (not distributed))
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=list(callbacks))
+
+    fit(args.warmup_steps)  # traces the step, warms caches
+    ranks.barrier()         # both ranks' timed steps start together
+    timer = StepTimer()
+    fit(args.steps, [timer])
+    times = ranks.gather(timer.step_times)
+    return {"model": spec.name, "micro_batch": args.micro_batch, "global_batch": args.micro_batch * ranks.size,
+            "parameters": parameters, "gradient_bytes": 4 * parameters,
+            "step_times_s": times[0], "rank_step_times_s": times,
+            "median_step_s": statistics.median(times[0]),
+            "rank_median_step_s": [statistics.median(t) for t in times],
+            "threads_per_rank": tf.config.threading.get_intra_op_parallelism_threads(),
+            "versions": {"tensorflow": tf.__version__, "keras": keras.__version__}}
+
+
+def _timed(call, ranks: _Ranks, repetitions: int) -> list[float]:
+    """Seconds of `call()` after a barrier, `repetitions` times after one untimed call."""
+    call()
+    times = []
+    for _ in range(repetitions):
+        ranks.barrier()
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _collectives(args, ranks: _Ranks) -> dict:
+    tf = _threads()
+    import keras
+    import numpy as np
+    from mpi4py import MPI
+
+    import tarantella as tnt
+    from bench.fixed_cost import models
+    from tarantella import _engine, runtime
+    settings = runtime.settings()
+    world = tnt.Group.world()._handle
+    rows = []
+    for name in args.model:
+        spec = models.get(name)
+        variables = spec.build().trainable_variables
+        shapes = [tuple(v.shape) for v in variables][::-1]  # backprop order, as tnt.Model registers them
+        counts = [int(np.prod(shape)) for shape in shapes]
+        total = sum(counts)
+        buffer = np.random.default_rng(ranks.rank).standard_normal(total).astype(np.float32)
+        scratch = np.empty_like(buffer)
+        figures = {}
+        figures["engine_allreduce_s"] = _timed(lambda: tnt.allreduce(buffer), ranks, args.repetitions)
+        figures["mpi_allreduce_s"] = _timed(
+            lambda: MPI.COMM_WORLD.Allreduce(buffer, scratch, op=MPI.SUM), ranks, args.repetitions)
+        figures["memcpy_s"] = _timed(lambda: np.copyto(scratch, buffer), ranks, args.repetitions)
+        reducer = _engine.Reducer([(count, "float32") for count in counts], settings.fusion_threshold_bytes,
+                                  "sum", settings.allreduce_algorithm, world)
+        pieces = np.split(buffer, np.cumsum(counts)[:-1])
+        outs = [np.empty(count, np.float32) for count in counts]
+
+        def reducer_step():
+            for index, piece in enumerate(pieces):
+                reducer.ready(index, piece)
+            for index, out in enumerate(outs):
+                reducer.wait(index, out)
+
+        copied = _engine.copied_bytes() if hasattr(_engine, "copied_bytes") else None
+        figures["reducer_step_s"] = _timed(reducer_step, ranks, args.repetitions)
+        copies = None
+        if copied is not None:
+            copies = (_engine.copied_bytes() - copied) / (4 * total * (args.repetitions + 1))
+        row = {"model": spec.name, "gradient_bytes": 4 * total, "tensors": len(counts),
+               "buckets": reducer.bucket_count, "buckets_in_shared_memory": getattr(
+                   reducer, "buckets_in_shared_memory", None), "reducer_copies_per_byte": copies,
+               "fusion_threshold_bytes": settings.fusion_threshold_bytes,
+               "algorithm": settings.allreduce_algorithm}
+        reducer.close()
+        for key, times in figures.items():
+            every_rank = ranks.gather(statistics.median(times))
+            row[key] = max(every_rank)  # a collective ends when its slowest rank does
+            row[key.replace("_s", "_times_s")] = times
+        rows.append(row)
+    return {"rows": rows, "versions": {"tensorflow": tf.__version__, "keras": keras.__version__}}
+
+
+def main(argv=None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    ranks = _Ranks(use_tarantella=args.mode != "keras")
+    result = _collectives(args, ranks) if args.mode == "collectives" else _train(args, ranks)
+    if ranks.rank == 0:
+        from bench.programs.result_line import format_result_line
+        print(format_result_line({"mode": args.mode, "ranks": ranks.size, **result}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
