@@ -14,6 +14,8 @@ PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "train_with_timeli
 STEPS = 4
 
 
+@pytest.mark.multirank
+@pytest.mark.timeout(270)
 @pytest.mark.parametrize("mode", ["overlap", "no_overlap"])
 def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
     target = tmp_path / "trace.json"
@@ -55,6 +57,8 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
 TWO_BRANCH = os.path.join(os.path.dirname(__file__), "programs", "two_branch_starts.py")
 
 
+@pytest.mark.multirank
+@pytest.mark.timeout(270)
 def test_starts_follow_backprop_not_registration_order(tmp_path):
     """One bucket per tensor (--fusion-threshold 0). Registration order is the reverse of the variables:
     out, deep3 .. deep0, shallow (a subclassed model: variables in attribute order). Backprop produces the shallow layer's gradients right after out's, long
