@@ -9,6 +9,10 @@ in a tf.data map) or use `tnt.distribute_datasets_from_function` to shard at
 file level. A generator must give the same batches in the same order on every
 rank (Note [Same order on every rank] in order_check.py checks the first one).
 
+A PyDataset's `workers`, `use_multiprocessing` and `max_queue_size` are
+honoured as Keras's own enqueuer does (batches fetched ahead by threads or
+forked processes, given out in order).
+
 As in Keras: elements are `x`, `(x,)`, `(x, y)` or `(x, y, sample_weight)`
 (lists count as tuples); a PyDataset's batch order is shuffled each epoch when
 fit's `shuffle` is true (here with a seed shared by all ranks), its
@@ -17,7 +21,10 @@ once over all epochs (give `steps_per_epoch` for several epochs).
 """
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import itertools
+import multiprocessing
 
 import keras
 import numpy as np
@@ -70,12 +77,55 @@ def from_py_dataset(py_dataset: keras.utils.PyDataset, shuffle: bool, seed: int)
         if shuffle:
             np.random.default_rng([seed, epoch]).shuffle(order)
         py_dataset.on_epoch_begin()
-        for index in order:
-            yield _standardize(py_dataset[int(index)])
+        for batch in _fetched(py_dataset, [int(index) for index in order]):
+            yield _standardize(batch)
         py_dataset.on_epoch_end()
 
     dataset = tf.data.Dataset.from_generator(batches, output_signature=_signature(first))
     return dataset.apply(tf.data.experimental.assert_cardinality(count))
+
+
+def _fetched(py_dataset: keras.utils.PyDataset, order: list[int]):
+    """py_dataset[i] for i in order, in order. As Keras's own enqueuer: with `workers` > 1 (threads, or
+    processes with `use_multiprocessing`) up to `max_queue_size` batches are fetched ahead, concurrently."""
+    workers = int(getattr(py_dataset, "workers", 1) or 1)
+    processes = bool(getattr(py_dataset, "use_multiprocessing", False))
+    if workers <= 1 and not processes:
+        for index in order:
+            yield py_dataset[index]
+        return
+    ahead = max(int(getattr(py_dataset, "max_queue_size", 10) or 10), workers)
+    if processes:
+        # Forked like Keras's own worker processes (the children inherit the dataset and run only its
+        # __getitem__: keep TensorFlow and MPI out of it).
+        global _SHARED
+        _SHARED = py_dataset
+        pool = multiprocessing.get_context("fork").Pool(workers)
+        submit = lambda index: pool.apply_async(_get_shared, (index,))  # noqa: E731
+        result = lambda pending: pending.get()  # noqa: E731
+    else:
+        pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="tnt_py_dataset")
+        submit = lambda index: pool.submit(py_dataset.__getitem__, index)  # noqa: E731
+        result = lambda pending: pending.result()  # noqa: E731
+    try:
+        queue = collections.deque(submit(index) for index in order[:ahead])
+        for index in order[ahead:] + [None] * len(queue):
+            batch = result(queue.popleft())
+            if index is not None:
+                queue.append(submit(index))
+            yield batch
+    finally:
+        if processes:
+            pool.terminate()
+        else:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+_SHARED: keras.utils.PyDataset | None = None  # the dataset forked worker processes read
+
+
+def _get_shared(index: int):
+    return _SHARED[index]
 
 
 def from_generator(generator) -> tf.data.Dataset:

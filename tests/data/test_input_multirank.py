@@ -33,6 +33,10 @@ def test_every_input_kind_reads_its_share_and_trains_as_serial(n):
     for values in found["py_dataset"].values():
         assert values["weights"] <= TOLERANCE
         assert values["calls"] >= EPOCHS * (N // BATCH)  # a PyDataset's unit is the global batch: every rank
+    for kind in ("threads", "processes"):  # fetched by the workers (one call in the main thread: the peek)
+        for values in found["py_dataset_" + kind].values():
+            assert values["weights"] <= TOLERANCE and values["calls"] == EPOCHS * (N // BATCH) + 1, values
+            assert values["main_thread_calls" if kind == "threads" else "main_process_calls"] == 1, values
     for values in found["generator"].values():
         assert values["weights"] <= TOLERANCE
     for values in found["from_function"].values():

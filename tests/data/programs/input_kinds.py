@@ -2,6 +2,8 @@
 rank's pipeline maps; one `RESULT <json>` line per check (tests/data/test_input_multirank.py reads them)."""
 import json
 import os
+import tempfile
+import threading
 
 import numpy as np
 
@@ -123,6 +125,37 @@ batches = Batches()
 distributed.fit(batches, epochs=EPOCHS, shuffle=False, verbose=0)
 report("py_dataset", weights=relative_difference(serial.get_weights(), distributed.get_weights()),
        calls=batches.calls)
+
+
+# 3b. A PyDataset with workers: threads, and forked processes (numpy only in __getitem__, as Keras asks of
+# its worker processes); each call notes its process and thread in a file.
+class WorkerBatches(keras.utils.PyDataset):
+    def __init__(self, log, **workers):
+        super().__init__(**workers)
+        self.log = log
+
+    def __len__(self):
+        return N // BATCH
+
+    def __getitem__(self, index):
+        with open(self.log, "a") as handle:
+            handle.write(f"{os.getpid()} {threading.current_thread().name}\n")
+        i = np.arange(index * BATCH, (index + 1) * BATCH)
+        x = np.sin(i[:, None].astype(np.float32) * np.arange(1.0, 9.0, dtype=np.float32) * np.float32(0.37))
+        return x, i % 3
+
+
+for kind, workers in (("threads", dict(workers=2, max_queue_size=3)),
+                      ("processes", dict(workers=2, use_multiprocessing=True))):
+    log = os.path.join(tempfile.mkdtemp(), "calls")
+    serial, distributed = model_pair()
+    serial.fit(WorkerBatches(log + ".serial", **workers), epochs=EPOCHS, shuffle=False, verbose=0)
+    distributed.fit(WorkerBatches(log, **workers), epochs=EPOCHS, shuffle=False, verbose=0)
+    with open(log) as handle:
+        callers = [line.split() for line in handle]
+    report("py_dataset_" + kind, weights=relative_difference(serial.get_weights(), distributed.get_weights()),
+           calls=len(callers), main_process_calls=sum(int(pid) == os.getpid() for pid, _ in callers),
+           main_thread_calls=sum(thread == "MainThread" for _, thread in callers))
 
 
 # 4. A Python generator of batches (consumed once; one epoch).
