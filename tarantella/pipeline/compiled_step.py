@@ -45,7 +45,13 @@ from tarantella.pipeline.partition import Partition
 from tarantella.pipeline.schedules import BACKWARD, FORWARD, Pass
 from tarantella.pipeline.topology import Placement
 
-__all__ = ["StageStep", "StepTrace", "MicroBatchData"]
+__all__ = ["StageStep", "StepTrace", "MicroBatchData", "LAYER_LOSSES_TAG", "LOGS_TAG"]
+
+# Message tags of the per-step values beside the activations (pipelined_model.py); the micro-batches'
+# tags follow them.
+LAYER_LOSSES_TAG = 0   # an earlier stage's layer losses, to the last stage
+LOGS_TAG = 1           # the step's logs, from the last stage to the others
+CONTROL_TAGS = 2
 
 
 class StepTrace:
@@ -114,7 +120,16 @@ class StageStep:
     # --- transfers ----------------------------------------------------------------
 
     def _tag(self, micro_batch: int, edge: int, backward: bool) -> int:
-        return (micro_batch * len(self.partition.edges) + edge) * 2 + int(backward)
+        return CONTROL_TAGS + (micro_batch * len(self.partition.edges) + edge) * 2 + int(backward)
+
+    def send_control(self, tensor, stage: int, tag: int):
+        """Traced: send a per-step value (not an activation) to `stage` of this replica; a token."""
+        return self._send(tensor, stage, tag)
+
+    def receive_control(self, after, shape, dtype, stage: int, tag: int):
+        """Traced: receive a per-step value of `shape` from `stage`, posted once `after` exists."""
+        return self._ops.tnt_receive(after, T=tf.as_dtype(dtype), shape=tuple(shape), channels=self.channels_id,
+                                     peer=self.placement.peer(stage), tag=tag)
 
     def _send(self, tensor, stage: int, tag: int):
         return self._ops.tnt_send(tensor, channels=self.channels_id, peer=self.placement.peer(stage), tag=tag)

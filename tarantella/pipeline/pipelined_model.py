@@ -12,17 +12,34 @@ the optimizer update (compiled_step.py).
 
 Note [One model across the stages]
 Each stage's optimizer sees only its own gradients, but some of Keras's
-semantics are about the whole model. After the schedule, the stages of one
-replica allreduce two numbers in the step's graph: the size-weighted sum of
-their layers' losses (add_loss, regularizers; the last stage's are already in
-its loss through compute_loss, the earlier stages' are added to the logged
-loss) and the sum of squares of their (replica-summed) gradients. From the
-latter every stage computes the same global norm, so `global_clipnorm` (taken
-off the stage's optimizer at compile and applied here, unscaled under a
-LossScaleOptimizer) clips by the whole model's norm; and if any stage's
-gradients are not finite every stage's gradients are made NaN, so every
-stage's LossScaleOptimizer takes the same decision (skip the step and lower
-the scale) and their scales stay equal.
+semantics are about the whole model. The earlier stages' layer losses
+(add_loss, regularizers; the last stage's are already in its loss through
+compute_loss) are part of the logged loss: each earlier stage sends their
+size-weighted sum to the last stage of its replica in the step's graph, one
+way, as soon as its last forward has run, so no stage waits for another's end
+of step. Only when the update needs the whole model do the stages of a
+replica meet at the end of the step: they allreduce the sum of squares of
+their (replica-summed) gradients, from which every stage computes the same
+global norm, so `global_clipnorm` (taken off the stage's optimizer at compile
+and applied here, unscaled under a LossScaleOptimizer) clips by the whole
+model's norm; and if any stage's gradients are not finite every stage's
+gradients are made NaN, so every stage's LossScaleOptimizer takes the same
+decision (skip the step and lower the scale) and their scales stay equal.
+Without either, a stage applies its update as soon as its own passes are done
+(the first stage's drain then overlaps the last stage's update).
+
+Note [The logs travel in the step]
+Keras hands every rank's callbacks the step's logs, and they must be the same
+on every rank (an EarlyStopping on each rank must stop all together). The
+last stage computes them in the step's graph from the metric states (summed
+over the replicas in its stage's group) and sends them, as a vector of
+LOG_SLOTS float64 values behind their count, to the other stages of its
+replica, which receive them in their own step; the values arrive after the
+last stage's last forward pass, well before the earlier stages end. Python
+then only names the values: the names are broadcast once per mode after
+compile (the first step). Logs the vector cannot carry (more than LOG_SLOTS
+values, or not scalars) are sent with a count of -1, and then every rank
+takes the Python broadcast of the last stage's logs (`_broadcast_logs`).
 
 Only public Keras extension points: a keras.Model subclass overriding
 train/test/predict_step, get_metrics_result, fit/evaluate/predict (to build
@@ -41,14 +58,14 @@ from tarantella import collectives, runtime
 from tarantella.data import distributed_dataset
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras import callbacks as rank_callbacks
-from tarantella.keras.metric_reduction import metric_variables, results_from_state
+from tarantella.keras.metric_reduction import graph_global_results, metric_variables, results_from_state
 from tarantella.pipeline import channels as peer_channels
 from tarantella.pipeline import data as pipeline_data
 from tarantella.pipeline import stage_state
 from tarantella.pipeline.cut import choose_stages
 from tarantella.pipeline.partition import graph_of, partition
 from tarantella.pipeline.schedules import FORWARD, Pass, check_micro_batches, schedule as make_schedule
-from tarantella.pipeline.compiled_step import MicroBatchData, StageStep
+from tarantella.pipeline.compiled_step import LAYER_LOSSES_TAG, LOGS_TAG, MicroBatchData, StageStep
 from tarantella.pipeline.topology import place
 
 try:
@@ -59,6 +76,8 @@ except ImportError:  # pragma: no cover - a Keras release that moved it
 __all__ = ["PipelinedModel"]
 
 logger = logging.getLogger("tarantella")
+
+LOG_SLOTS = 32   # scalar logs carried in the step (Note [The logs travel in the step])
 
 
 def default_micro_batches(num_stages: int) -> int:
@@ -107,6 +126,8 @@ class PipelinedModel(keras.Model):
         self.runner = StageStep(self.partition, placement, self._channels)
         self._gradient_allreducer = None
         self._step_functions = {}
+        self._metric_allreducers = {}
+        self._log_keys, self._traced_log_keys = {}, {}   # per mode: the logs' names (Note [The logs travel in the step])
         self._global_logs = None
         self.built = True
         if runtime.is_master_rank():
@@ -272,6 +293,7 @@ class PipelinedModel(keras.Model):
         whole_optimizer = self.optimizer.__class__.from_config(self.optimizer.get_config())
         self._user.model.compile(optimizer=whole_optimizer, loss=loss, metrics=metrics, **kwargs)
         self._step_functions = {}
+        self._log_keys, self._traced_log_keys = {}, {}
         # Note [One model across the stages]: the norm for global_clipnorm is the whole model's.
         clipping = self._unscaled_optimizer()
         self._global_clipnorm = clipping.global_clipnorm if self.placement.num_stages > 1 else None
@@ -373,13 +395,19 @@ class PipelinedModel(keras.Model):
 
         predictions, gradients, tokens, times, penalty = self.runner.build(
             self._passes(mode), data, start, last_stage_loss, training, scale_penalty)
-        result = {"times": times, "sent": tf.add_n(tokens) if tokens else tf.constant(0)}
+        result = {"times": times}
         variables = self.stage_model.trainable_variables
         if training:
             gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
             gradients = self._sum_over_replicas(gradients)
-        if mode != "predict" and self._pipeline_group is not None:
-            gradients = self._decide_across_stages(gradients if training else [], penalty, start)
+        if mode != "predict":
+            tokens += self._add_layer_losses_of_earlier_stages(penalty, start)
+            if training and self._decides_across_stages():
+                gradients = self._decide_across_stages(gradients, start)
+            logs, sent_logs = self._logs_in_graph(mode, start)
+            result["logs"] = logs
+            tokens += sent_logs
+        result["sent"] = tf.add_n(tokens) if tokens else tf.constant(0)
         if training:
             with tf.control_dependencies([result["sent"]]):
                 self.optimizer.apply(gradients, variables)
@@ -390,12 +418,10 @@ class PipelinedModel(keras.Model):
         return result
 
     def train_step(self, data):
-        self._run(data, "train")
-        return self._publish_logs()
+        return self._publish_logs(self._run(data, "train"), "train")
 
     def test_step(self, data):
-        self._run(data, "test")
-        return self._publish_logs()
+        return self._publish_logs(self._run(data, "test"), "test")
 
     def predict_step(self, data):
         if distributed_dataset.is_distributed_element(data):
@@ -415,20 +441,40 @@ class PipelinedModel(keras.Model):
                 for i in range(len(keras.tree.flatten(self._user.model.output)))]
         return keras.tree.pack_sequence_as(self._user.model.output, flat)
 
-    def _decide_across_stages(self, gradients, penalty, start):
-        """Traced, collective over the replica's stages (Note [One model across the stages]): the
-        logged loss gets the earlier stages' layer losses; the gradients get the whole model's
-        global_clipnorm and, under a LossScaleOptimizer, its one decision to skip the step."""
+    def _add_layer_losses_of_earlier_stages(self, penalty, start) -> list:
+        """Traced (Note [One model across the stages]): each earlier stage sends the size-weighted sum of its
+        layers' losses to the last stage of its replica, which adds them to the logged loss. One way, and
+        available after the earlier stage's last forward: no stage waits for another's end of step.
+        Returns the send tokens."""
+        if self._pipeline_group is None:
+            return []
+        last = self.placement.num_stages - 1
+        if not self.placement.is_last_stage:
+            # `start` keeps the value from being a constant (graph optimisation must not run a transfer).
+            value = tf.cast(penalty, tf.float64) + tf.cast(start, tf.float64) * 0.0
+            return [self.runner.send_control(value, last, LAYER_LOSSES_TAG)]
+        received = [self.runner.receive_control(start, (), tf.float64, s, LAYER_LOSSES_TAG) for s in range(last)]
+        total = self.loss_tracker.total
+        total.assign_add(tf.cast(tf.add_n(received), total.dtype))
+        return []
+
+    def _decides_across_stages(self) -> bool:
+        """Whether the update needs the whole model's gradients' norm (global_clipnorm) or its finiteness
+        (a LossScaleOptimizer's one decision): then the stages of a replica meet at the end of the step."""
+        return self._pipeline_group is not None and bool(
+            self._global_clipnorm or hasattr(self.optimizer, "inner_optimizer"))
+
+    def _decide_across_stages(self, gradients, start):
+        """Traced, collective over the replica's stages (Note [One model across the stages]): the gradients
+        get the whole model's global_clipnorm and, under a LossScaleOptimizer, its one decision to skip the step."""
         squares = tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float64))) for g in gradients]) if gradients \
             else tf.constant(0.0, tf.float64)
-        # `start` (a function argument) keeps the values from being constants (in evaluation they can be):
-        # graph optimisation would fold a constant-input start op instead of running it every step.
-        local = tf.stack([tf.cast(penalty, tf.float64), squares]) + tf.cast(start, tf.float64) * 0.0
+        # `start` (a function argument) keeps the value from being a constant: graph optimisation would fold a
+        # constant-input start op instead of running it every step.
+        local = tf.reshape(squares + tf.cast(start, tf.float64) * 0.0, [1])
         if self._pipeline_allreducer is None:
             self._pipeline_allreducer = GraphAllreducer([local.shape], [local.dtype], group=self._pipeline_group)
-        total_penalty, total_squares = tf.unstack(self._pipeline_allreducer([local])[0])
-        if self.placement.is_last_stage:
-            self.loss_tracker.total.assign_add(tf.cast(total_penalty, self.loss_tracker.total.dtype))
+        total_squares = self._pipeline_allreducer([local])[0][0]
         if not gradients:
             return gradients
         if self._global_clipnorm:
@@ -458,20 +504,66 @@ class PipelinedModel(keras.Model):
 
     # --- logs ------------------------------------------------------------------------------
 
-    def _publish_logs(self) -> dict:
-        """Collective: the metrics of all micro-batches of all replicas, computed on the last stage, on every rank."""
+    def _logs_in_graph(self, mode: str, start):
+        """Traced (Note [The logs travel in the step]): the step's logs as a float64 vector on every stage of
+        the replica, and the tokens of the last stage's sends."""
+        last = self.placement.num_stages - 1
+        if not self.placement.is_last_stage:
+            return self.runner.receive_control(start, (LOG_SLOTS + 1,), tf.float64, last, LOGS_TAG), []
+        results = graph_global_results(self.metrics, self._metric_allreducer)
+        keys = list(results)
+        values = [tf.convert_to_tensor(results[k]) for k in keys]
+        if len(keys) <= LOG_SLOTS and all(v.shape.rank == 0 and (v.dtype.is_floating or v.dtype.is_integer)
+                                          for v in values):
+            self._traced_log_keys[mode] = keys
+            vector = tf.concat([tf.constant([len(keys)], tf.float64), tf.stack([tf.cast(v, tf.float64) for v in values])
+                                if values else tf.zeros([0], tf.float64), tf.zeros([LOG_SLOTS - len(keys)], tf.float64)], 0)
+        else:
+            self._traced_log_keys[mode] = None
+            vector = tf.concat([[-1.0], tf.zeros([LOG_SLOTS], tf.float64)], 0)
+        vector = vector + tf.cast(start, tf.float64) * 0.0   # not a constant (as in _add_layer_losses_...)
+        sends = [self.runner.send_control(vector, s, LOGS_TAG) for s in range(last)]
+        return vector, sends
+
+    def _metric_allreducer(self, tensors):
+        """The sum of the last stages' metric states over the replicas (in the stage's group)."""
+        if self.placement.num_replicas == 1:
+            return lambda values: values
+        key = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        if key not in self._metric_allreducers:
+            self._metric_allreducers[key] = GraphAllreducer([t.shape for t in tensors], [t.dtype for t in tensors],
+                                                            group=self._stage_group)
+        return self._metric_allreducers[key]
+
+    def _publish_logs(self, result, mode: str) -> dict:
+        """The step's logs, the same on every rank (Note [The logs travel in the step]); collective the first
+        time after compile per mode (the logs' names), and whenever the logs do not fit the vector."""
+        vector = np.asarray(result["logs"])
+        if mode not in self._log_keys:
+            keys = self._traced_log_keys.get(mode) if self.placement.is_last_stage else None
+            if runtime.get_size() > 1:
+                keys = collectives.broadcast_object(keys, root=self.placement.rank_of(0, self.placement.num_stages - 1))
+            self._log_keys[mode] = keys
+        keys = self._log_keys[mode]
+        if vector[0] >= 0 and keys is not None:
+            logs = {k: float(v) for k, v in zip(keys, vector[1:1 + int(vector[0])])}
+        else:
+            logs = self._broadcast_logs()
+        self._global_logs = logs
+        return dict(logs)
+
+    def _broadcast_logs(self) -> dict:
+        """Collective: the last stage's logs, as Python objects (logs the vector cannot carry)."""
         logs = None
         if self.placement.is_last_stage:
             values = [np.asarray(v.numpy()) for v in metric_variables(self.metrics)]
             if self.placement.num_replicas > 1:
                 values = [collectives.allreduce(v, group=self._stage_group) if v.size else v for v in values]
             results = results_from_state(self.metrics, [tf.convert_to_tensor(v) for v in values])
-            logs = {k: float(v) for k, v in results.items()}
+            logs = {k: np.asarray(v).tolist() for k, v in results.items()}
         if runtime.get_size() > 1:
-            root = self.placement.rank_of(0, self.placement.num_stages - 1)
-            logs = collectives.broadcast_object(logs, root=root)
-        self._global_logs = logs
-        return dict(logs)
+            logs = collectives.broadcast_object(logs, root=self.placement.rank_of(0, self.placement.num_stages - 1))
+        return logs
 
     def get_metrics_result(self):
         if self._global_logs is None:
