@@ -1,0 +1,48 @@
+"""bench.fixed_cost's figures and goals from its rows (one process, no launch)."""
+import pytest
+
+from bench.fixed_cost import report, run
+
+
+def _train(model, micro, mode, ranks, step_s):
+    times = [[step_s] * 5 for _ in range(ranks)]
+    return {"mode": mode, "ranks": ranks, "model": model, "micro_batch": micro, "rank_step_times_s": times,
+            "step_times_s": times[0], "seconds": 1.0, "load_average_1m": 0.1}
+
+
+def _collectives(model, bytes_, allreduce_s, reducer_s, memcpy_s):
+    return {"mode": "collectives", "ranks": 2, "seconds": 1.0, "rows": [
+        {"model": model, "gradient_bytes": bytes_, "buckets": 8, "buckets_in_shared_memory": True,
+         "reducer_copies_per_byte": 2.0, "engine_allreduce_s": allreduce_s, "mpi_allreduce_s": 2 * allreduce_s,
+         "reducer_step_s": reducer_s, "memcpy_s": memcpy_s}]}
+
+
+def test_goals_are_computed_from_the_medians():
+    rows = [_train("mlp8x512", 128, "keras", 1, 0.0120), _train("mlp8x512", 128, "tnt", 1, 0.0122),
+            _train("mlp8x512", 128, "keras", 2, 0.0200), _train("mlp8x512", 128, "tnt", 2, 0.0230),
+            _train("mlp8x512", 128, "tnt_metrics_after", 2, 0.0240),
+            _collectives("mlp8x512", 8_404_992, 0.0010, 0.0015, 0.0005)]
+    summary = report.summarize(rows)
+    goals = summary["goals"]["mlp8x512:128"]
+    assert goals["one_rank_overhead"] == pytest.approx(0.0122 / 0.0120 - 1)
+    assert goals["one_rank_goal_met"] is True
+    assert goals["added_over_no_exchange_s"] == pytest.approx(0.003)
+    assert goals["added_vs_engine_allreduce"] == pytest.approx(3.0)
+    assert goals["two_rank_goal_met"] is False  # 3 ms added > 1.5 x 1 ms
+    assert goals["metric_fusion_saves_s"] == pytest.approx(0.001)
+    collectives = summary["collectives"]["mlp8x512"]
+    assert collectives["reducer_vs_memcpy"] == pytest.approx(3.0)
+    assert collectives["reducer_throughput_gb_s"] == pytest.approx(8_404_992 / 0.0015 / 1e9)
+    text = report.markdown(summary)
+    assert "| mlp8x512:128 | 12.00 ms | 12.20 ms | +1.7% met |" in text and "3.00 NOT met" in text
+    assert "8.4 MB" in text
+
+
+def test_bad_model_and_config_names_are_one_line_errors():
+    with pytest.raises(SystemExit, match="unknown model 'nope'"):
+        run._model_list(["nope:32"])
+    with pytest.raises(SystemExit, match="MODEL:MICRO_BATCH"):
+        run._model_list(["mlp8x512"])
+    with pytest.raises(SystemExit, match="unknown --configs"):
+        run._configs(["tnt:3"])
+    assert run._configs(None) == run.TRAIN_CONFIGS + (("collectives", 2),)
