@@ -154,12 +154,11 @@ def for_rank(dataset: tf.data.Dataset, the_plan: Plan, size: int, rank: int,
                                               drop_remainder=full)
     else:
         micro_batches = selected.batch(micro, drop_remainder=full)
-    total = the_plan.global_batch
-    result = micro_batches.map(lambda *data: (_unsplat(data), tf.constant(total, tf.int64))) if full \
-        else micro_batches.map(_as_micro_batch)
+    result = micro_batches if full else micro_batches.map(_as_micro_batch)
     for link in the_plan.after:
         result = graph.reapply(link, result, suffix)
-    result = result.scan(tf.constant(0, tf.int64), functools.partial(_as_distributed_element, size=size, rank=rank))
+    result = result.scan(tf.constant(0, tf.int64), functools.partial(
+        _as_distributed_element, size=size, rank=rank, total=the_plan.global_batch if full else None))
     cardinality = int(dataset.cardinality())
     if cardinality >= 0:  # Keras's progress bar and step count see the user's count
         result = result.apply(tf.data.experimental.assert_cardinality(cardinality))
@@ -185,10 +184,12 @@ def _select(cheap: tf.data.Dataset, global_batch: int, full: bool, size: int, ra
     every batch is `full`); folds each global batch into `fingerprint`."""
     def take_part(state, batch):
         position, folded = state
-        total, start, count = distributed_dataset.rank_range(batch, size, rank)
         state = (position + 1, fingerprint.fold(position, folded, batch_hash(batch)))
-        if full:
-            return state, tf.nest.map_structure(lambda tensor: tensor[start:start + count], batch)
+        if full:  # the slice is a constant
+            start = batching.micro_batch_offset(global_batch, size, rank)
+            end = start + batching.micro_batch_size(global_batch, size, rank)
+            return state, tf.nest.map_structure(lambda tensor: tensor[start:end], batch)
+        total, start, count = distributed_dataset.rank_range(batch, size, rank)
         placeholder = tf.equal(count, 0)
         begin = tf.where(placeholder, tf.constant(0, tf.int64), start)
         length = tf.where(placeholder, tf.constant(1, tf.int64), count)
@@ -212,19 +213,19 @@ def _after_salt(after: list[graph.Link]) -> int:
     return zlib.crc32("|".join(described).encode())
 
 
-def _unsplat(args):
-    return args[0] if len(args) == 1 else args
-
-
 def _as_micro_batch(data, facts):
     """Cut the placeholder sample of an empty micro-batch away."""
     count = tf.where(tf.equal(facts[0, 1], 1), 0, tf.shape(facts)[0])
     return tf.nest.map_structure(lambda tensor: tensor[:count], data), facts[0, 0]
 
 
-def _as_distributed_element(offset, micro_batch, *, size: int, rank: int):
-    """Positions count global batches in the order they finally come out (after a batch-level shuffle)."""
-    data, total = micro_batch
+def _as_distributed_element(offset, micro_batch, *, size: int, rank: int, total: int | None):
+    """Positions count global batches in the order they finally come out (after a batch-level shuffle).
+    `total`: the global batch size when every batch is full (the elements are then the micro-batches alone)."""
+    if total is None:
+        data, total = micro_batch
+    else:
+        data, total = micro_batch, tf.constant(total, tf.int64)
     start, _ = distributed_dataset.rank_start_count(total, size, rank)
     return offset + total, {distributed_dataset.DATA: data, distributed_dataset.GLOBAL_SIZE: total,
                             distributed_dataset.FIRST_INDEX: offset + start}
