@@ -20,6 +20,9 @@ micro-batch on every rank, the runs interleaved and repeated):
                    collected from numpy) and one memcpy of the same bytes on both ranks at once (the
                    memory-copy bound); the reducer's throughput against that bound is reported for
                    every model (for ResNet-50: its ~100 MB gradient set, issue 10 §3's last point)
+Each tnt x2 run also records its last timed step's reduction from the engine's bucket times (read
+after the fit): the "reduction tail" from the last hand-over to the last result is the part of the
+added time that backprop did not hide; what remains of it went to copies, waits and Python.
 Every model is compiled with SGD(momentum) and the accuracy metric (so there is metric state to
 reduce). Steps are timed between the ends of consecutive train batches (StepTimer), after warm-up
 steps and a barrier that starts both ranks' timed steps together.

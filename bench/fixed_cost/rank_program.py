@@ -89,13 +89,28 @@ def _train(args, ranks: _Ranks) -> dict:
     timer = StepTimer()
     fit(args.steps, [timer])
     times = ranks.gather(timer.step_times)
-    return {"model": spec.name, "micro_batch": args.micro_batch, "global_batch": args.micro_batch * ranks.size,
+    reducer = ranks.gather(_last_step_reduction(model))
+    return {"model": spec.name, "reducer_last_step": reducer, "micro_batch": args.micro_batch, "global_batch": args.micro_batch * ranks.size,
             "parameters": parameters, "gradient_bytes": 4 * parameters,
             "step_times_s": times[0], "rank_step_times_s": times,
             "median_step_s": statistics.median(times[0]),
             "rank_median_step_s": [statistics.median(t) for t in times],
             "threads_per_rank": tf.config.threading.get_intra_op_parallelism_threads(),
             "versions": {"tensorflow": tf.__version__, "keras": keras.__version__}}
+
+
+def _last_step_reduction(model) -> dict | None:
+    """Where the last timed step's gradient reduction went, from the engine's bucket times (read after the
+    fit: nothing is added to the timed steps): buckets, allreduce busy seconds, the span from the first
+    bucket's start to the last one's end, and the tail from the last hand-over (the last gradient, or the
+    metric state) to the last result: the reduction time backprop could not hide."""
+    allreducer = getattr(model, "_gradient_allreducer", None)
+    if allreducer is None:
+        return None
+    times = allreducer.last_step_times()
+    return {"buckets": len(times), "busy_s": sum(finished - started for _, started, finished in times),
+            "span_s": max(f for _, _, f in times) - min(s for _, s, _ in times),
+            "tail_s": max(f for _, _, f in times) - max(q for q, _, _ in times)}
 
 
 def _timed(call, ranks: _Ranks, repetitions: int) -> list[float]:

@@ -19,7 +19,10 @@ def _collectives(model, bytes_, allreduce_s, reducer_s, memcpy_s):
 
 def test_goals_are_computed_from_the_medians():
     rows = [_train("mlp8x512", 128, "keras", 1, 0.0120), _train("mlp8x512", 128, "tnt", 1, 0.0122),
-            _train("mlp8x512", 128, "keras", 2, 0.0200), _train("mlp8x512", 128, "tnt", 2, 0.0230),
+            _train("mlp8x512", 128, "keras", 2, 0.0200),
+            dict(_train("mlp8x512", 128, "tnt", 2, 0.0230), reducer_last_step=[
+                {"buckets": 8, "busy_s": 0.002, "span_s": 0.004, "tail_s": 0.001},
+                {"buckets": 8, "busy_s": 0.004, "span_s": 0.004, "tail_s": 0.003}]),
             _train("mlp8x512", 128, "tnt_metrics_after", 2, 0.0240),
             _collectives("mlp8x512", 8_404_992, 0.0010, 0.0015, 0.0005)]
     summary = report.summarize(rows)
@@ -30,6 +33,7 @@ def test_goals_are_computed_from_the_medians():
     assert goals["added_vs_engine_allreduce"] == pytest.approx(3.0)
     assert goals["two_rank_goal_met"] is False  # 3 ms added > 1.5 x 1 ms
     assert goals["metric_fusion_saves_s"] == pytest.approx(0.001)
+    assert goals["reduction_tail_s"] == pytest.approx(0.002) and goals["reduction_busy_s"] == pytest.approx(0.003)
     collectives = summary["collectives"]["mlp8x512"]
     assert collectives["reducer_vs_memcpy"] == pytest.approx(3.0)
     assert collectives["reducer_throughput_gb_s"] == pytest.approx(8_404_992 / 0.0015 / 1e9)
