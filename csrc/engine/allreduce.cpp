@@ -110,8 +110,9 @@ void Allreducer::run_resolved(const AllreduceCall& call, Algorithm algorithm, bo
     return;
   }
   if (!call_check_) call_check_ = std::make_unique<AllreduceCallCheck>(*group_);
-  // Making the hierarchical allreduce is collective and blocking: only ranks known to call alike may start it.
-  const bool check_first = group_->on_one_node() || (chosen == Algorithm::hierarchical && !hierarchical_);
+  // Note [Checking calls alongside the data]: what must not start before the check.
+  const bool check_first = group_->on_one_node() || chosen == Algorithm::mpi ||
+                           (chosen == Algorithm::hierarchical && !hierarchical_);
   call_check_->run(call, algorithm, check_first, [&] { run_algorithm(call, chosen); });
 }
 

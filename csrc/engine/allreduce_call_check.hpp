@@ -6,19 +6,21 @@
 // benchmark, half of a 64 KiB MPI_Allreduce). So the exchange starts without
 // blocking just before the data exchange, and then:
 //  - on one node (flat algorithms asked for by name; a round trip costs a few
-//    microseconds there), and before the first hierarchical call of a group
-//    (which makes the node and peer sub-groups, collectively and blocking), it
-//    is waited for before any data moves: a mismatch raises MismatchError on
-//    every rank and leaves the group usable;
+//    microseconds there), before the first hierarchical call of a group
+//    (which makes the node and peer sub-groups, collectively and blocking),
+//    and before MPI's own allreduce (`mpi`: its messages are MPI's, which
+//    could truncate, Note [A receive never truncates]), it is waited for
+//    before any data moves: a mismatch raises MismatchError on every rank and
+//    leaves the group usable;
 //  - across nodes it runs alongside the data exchange. Every wait of the
 //    algorithm polls it (Note [Checks that ride along a wait]) and ends with
 //    the MismatchError as soon as all descriptors are in and differ, so a rank
 //    that waits for a partner running another algorithm (or another count)
 //    learns of it within a round trip, not at the timeout. A data exchange
 //    that finished waits for the descriptors before returning (they are
-//    usually in by then); one that failed (MPI's truncation error where
-//    counts differ) gives them a few seconds and reports the mismatch they
-//    show instead of its own failure. Data of the mismatched call may have
+//    usually in by then); one that failed (a message of the wrong size, Note
+//    [A receive never truncates]) gives them a few seconds and reports the
+//    mismatch they show instead of its own failure. Data of the mismatched call may have
 //    moved by then, and its stray messages could be matched by a later call,
 //    so a mismatch found this way fails the group (Note [A failed group stays
 //    failed]): later calls raise GroupFailedError naming the mismatch.

@@ -10,23 +10,11 @@ import time
 import numpy as np
 
 import tarantella as tnt
+from expect_error import expect  # beside this program
 from tarantella import _engine
 
 rank, size = tnt.get_rank(), tnt.get_size()
 last = size - 1
-
-
-def expect(error_type, what, call, *needles):
-    try:
-        call()
-    except error_type as error:
-        text = str(error)
-        missing = [needle for needle in needles if needle not in text]
-        assert not missing, f"{what}: message lacks {missing}: {text}"
-        assert "\n" not in text, f"{what}: message is not one line: {text!r}"
-        print(f"OK {what}", flush=True)
-        return
-    raise AssertionError(f"{what}: no {error_type.__name__} raised")
 
 
 # Ranks disagree on the element count: every rank raises, naming each rank's call.

@@ -2,43 +2,35 @@
 clear MismatchError, promptly, never a hang or a silent wrong result
 (Note [Checking calls alongside the data] in csrc/engine/allreduce_call_check.hpp).
 
-    check_mismatch_across_hosts.py count       (2 hosts x 1 rank, or 2 hosts x 2 ranks)
-    check_mismatch_across_hosts.py algorithm   (2 hosts x 2 ranks: partners that never send)
+    check_mismatch_across_hosts.py count DIR       (2 hosts x 1 rank, or 2 hosts x 2 ranks)
+    check_mismatch_across_hosts.py algorithm DIR   (2 hosts x 2 ranks: partners that never send)
 
 Run with a timeout (TNT_TIMEOUT_SECONDS) longer than the test's own: a mismatch
 found only by timing out fails the test. Prints "OK <name>" per check, then
 LEAVING; the group has failed by then, so the engine does not finalise MPI and
-the job ends non-zero.
+the job ends non-zero. Ranks leave together, meeting through files in DIR (no
+collective works any more): a rank that left early would close its sockets
+under a slower rank, which MPI reports as a fatal error of that rank.
 """
+import os
 import sys
+import time
 
 import numpy as np
 
 import tarantella as tnt
+from expect_error import expect  # beside this program
 from tarantella.errors import GroupFailedError
 
 rank, size = tnt.get_rank(), tnt.get_size()
 world = tnt.Group.world()._handle
 last = size - 1
-mode = sys.argv[1]
+mode, meeting = sys.argv[1], sys.argv[2]
 assert not world.on_one_node, "run this program on several hosts"
 
 
 def ok(name):
     print(f"OK {name}", flush=True)
-
-
-def expect(error_type, what, call, *needles):
-    try:
-        call()
-    except error_type as error:
-        text = str(error)
-        missing = [needle for needle in needles if needle not in text]
-        assert not missing, f"{what}: message lacks {missing}: {text}"
-        assert "\n" not in text, f"{what}: message is not one line: {text!r}"
-        ok(what)
-        return text
-    raise AssertionError(f"{what}: no {error_type.__name__} raised")
 
 
 def calls_alike():
@@ -53,10 +45,10 @@ if mode == "algorithm":
     # The last rank runs the ring, the others Rabenseifner: some ranks wait for partners that
     # never send. The check, polled by those waits, ends them (TNT_TIMEOUT_SECONDS is far off).
     algorithm = "ring" if rank == last else "rabenseifner"
-    text = expect(tnt.MismatchError, "algorithm mismatch alongside the data",
-                  lambda: tnt.allreduce(np.ones(1 << 16, np.float32), algorithm=algorithm),
-                  "rank 0 had float32[65536] sum via rabenseifner", f"rank {last} had float32[65536] sum via ring",
-                  "unusable")
+    expect(tnt.MismatchError, "algorithm mismatch alongside the data",
+           lambda: tnt.allreduce(np.ones(1 << 16, np.float32), algorithm=algorithm),
+           "rank 0 had float32[65536] sum via rabenseifner", f"rank {last} had float32[65536] sum via ring",
+           "unusable")
 elif world.equal_ranks_per_node and world.local_size > 1:
     # The first hierarchical call of a group checks before any data moves (making the
     # hierarchical allreduce is collective): a mismatch there leaves the group usable.
@@ -70,22 +62,33 @@ elif world.equal_ranks_per_node and world.local_size > 1:
     calls_alike()
     # Later ones check alongside the data: the last rank asks for another count (its
     # node's shared-memory round sees it first, the other node only through the check).
-    text = expect(tnt.MismatchError, "count mismatch alongside hierarchical data",
-                  lambda: tnt.allreduce(np.ones(count * 1000, np.float32), algorithm="hierarchical"),
-                  "rank 0 had float32[10000] sum via hierarchical",
-                  f"rank {last} had float32[11000] sum via hierarchical", "unusable")
+    expect(tnt.MismatchError, "count mismatch alongside hierarchical data",
+           lambda: tnt.allreduce(np.ones(count * 1000, np.float32), algorithm="hierarchical"),
+           "rank 0 had float32[10000] sum via hierarchical",
+           f"rank {last} had float32[11000] sum via hierarchical", "unusable")
 else:
     calls_alike()
-    # One rank per host: the last rank's message is longer than the others' receive.
     count = 11 if rank == last else 10
-    text = expect(tnt.MismatchError, "count mismatch alongside the data",
-                  lambda: tnt.allreduce(np.ones(count * 1000, np.float32)),
-                  "rank 0 had float32[10000] sum via auto", f"rank {last} had float32[11000] sum via auto",
-                  "unusable")
+    # MPI's own allreduce is checked before its data moves (its messages could truncate).
+    expect(tnt.MismatchError, "count mismatch before MPI's allreduce",
+           lambda: tnt.allreduce(np.ones(count * 1000, np.float32), algorithm="mpi"),
+           "rank 0 had float32[10000] sum via mpi", f"rank {last} had float32[11000] sum via mpi")
+    assert not world.failed
+    # One rank per host: the last rank's message is longer than the others' receive
+    # (Note [A receive never truncates]).
+    expect(tnt.MismatchError, "count mismatch alongside the data",
+           lambda: tnt.allreduce(np.ones(count * 1000, np.float32)),
+           "rank 0 had float32[10000] sum via auto", f"rank {last} had float32[11000] sum via auto",
+           "unusable")
 
 # After a mismatch found while data moved the group has failed: every later call refuses at once,
 # naming the mismatch (the launcher's timeout of the test would catch a hang).
 assert world.failed
-expect(GroupFailedError, "refused after the mismatch", lambda: tnt.allreduce(np.ones(4)),
-       "allreduce called differently on different ranks")
+# (The first failure on this rank: the call check's message, or a message of the wrong size
+# that this rank refused to receive, Note [A receive never truncates].)
+expect(GroupFailedError, "refused after the mismatch", lambda: tnt.allreduce(np.ones(4)), "differently")
+open(os.path.join(meeting, f"rank{rank}"), "w").close()
+deadline = time.monotonic() + 60
+while len(os.listdir(meeting)) < size and time.monotonic() < deadline:
+    time.sleep(0.05)
 print("LEAVING", flush=True)
