@@ -98,6 +98,10 @@ class MetricBuckets:
         self._allreducer = allreducer
         tensors = len(allreducer.shapes)
         self._buckets = sorted({allreducer.bucket_of(t) for t in range(tensors - state_count, tensors)})
+        gradient_buckets = {allreducer.bucket_of(t) for t in range(tensors - state_count)}
+        self.gradient_allreducer = allreducer
+        # Buckets of the gradient reducer holding metric state and no gradient (the timeline's overlap leaves them out).
+        self.metric_only_buckets = frozenset(b for b in self._buckets if b not in gradient_buckets)
 
     def clock_origin(self) -> float:
         return self._allreducer.clock_origin()

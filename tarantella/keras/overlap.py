@@ -3,7 +3,8 @@
 Note [Overlap share]
 Per rank and step the timeline has a span `backward` (first gradient op to the
 last gradient produced, timed by marks on the gradients themselves) and one
-span `allreduce` per gradient bucket (the progress thread's reduction). The
+span `allreduce` per gradient bucket (the progress thread's reduction; buckets
+that carry only metric state riding with the gradients are left out). The
 allreduce busy time is the time covered by at least one of them (their union:
 a bucket's span may overlap the next one's while it waits for the peers'
 sums). The overlap share of a step is the part of the busy time that lies
@@ -58,7 +59,7 @@ def overlap_from_trace(trace: dict | str) -> list[dict]:
         key = (event["pid"], event.get("args", {}).get("step"))
         if event["name"] == names.BACKWARD:
             backward[key] = (event["ts"] + event["dur"]) * 1e-6
-        elif event["name"] == names.ALLREDUCE:
+        elif event["name"] == names.ALLREDUCE and not event.get("args", {}).get("metrics_only"):
             allreduces.setdefault(key, []).append((event["ts"] * 1e-6, (event["ts"] + event["dur"]) * 1e-6))
     rows = []
     for key in sorted(set(backward) & set(allreduces), key=lambda k: (k[0], -1 if k[1] is None else k[1])):

@@ -11,7 +11,9 @@ Each rank is one process of the trace ("rank R"); its tracks (threads):
              (args: step).
   reducer    the gradient reducer's progress thread: per bucket an instant
              `bucket_ready` when its last gradient was handed over, and a span
-             `allreduce` (args: step, bucket, bytes) while it is reduced.
+             `allreduce` (args: step, bucket, bytes; metrics_only: true for a
+             bucket that holds only metric state riding with the gradients)
+             while it is reduced.
   metrics    the metric-state reduction: span `metric_allreduce` per bucket
              (args: step, bucket, bytes).
   pipeline   pipeline passes and transfers (tarantella.timeline.span callers).
@@ -38,7 +40,8 @@ DOCUMENTED = {
     BACKWARD: "step track: first gradient op to last gradient produced (args: step, gradients)",
     OPTIMIZER: "step track: first reduced gradient delivered to the end of the optimizer update (args: step)",
     BUCKET_READY: "reducer track, instant: a bucket's last gradient was handed to the reducer (args: step, bucket)",
-    ALLREDUCE: "reducer track: a gradient bucket's allreduce (args: step, bucket, bytes)",
+    ALLREDUCE: "reducer track: a gradient bucket's allreduce (args: step, bucket, bytes; metrics_only if it "
+               "holds only metric state)",
     METRIC_ALLREDUCE: "metrics track: a metric-state bucket's allreduce (args: step, bucket, bytes)",
 }
 

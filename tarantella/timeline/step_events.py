@@ -34,8 +34,13 @@ def record_step(step: int, begin: float, end: float, marks, allreducers) -> None
     reduced, updated = by_event.get(graph_marks.REDUCED, []), by_event.get(graph_marks.UPDATED, [])
     if reduced and updated:
         recorder.complete(names.OPTIMIZER, "step", min(reduced), max(updated), step=step)
+    # Buckets of a gradient reducer that carry only metric state (Note [Metric state rides with the gradients]):
+    # their `allreduce` spans say so (metrics_only), and the overlap of the gradients leaves them out.
+    metric_only = {id(view.gradient_allreducer): view.metric_only_buckets for _, view in allreducers
+                   if hasattr(view, "metric_only_buckets")}
     for purpose, allreducer in allreducers:
         track, span = ("metrics", names.METRIC_ALLREDUCE) if purpose == "metrics" else ("reducer", names.ALLREDUCE)
+        only_metrics = metric_only.get(id(allreducer), frozenset()) if track == "reducer" else frozenset()
         try:
             origin, times, sizes = allreducer.clock_origin(), allreducer.last_step_times(), allreducer.bucket_bytes()
         except (RuntimeError, ValueError):  # a closed reducer
@@ -45,7 +50,9 @@ def record_step(step: int, begin: float, end: float, marks, allreducers) -> None
                 continue
             if track == "reducer":
                 recorder.instant(names.BUCKET_READY, track, origin + queued, step=step, bucket=bucket)
-            recorder.complete(span, track, origin + started, origin + finished, step=step, bucket=bucket, bytes=size)
+            marked = {"metrics_only": True} if bucket in only_metrics else {}
+            recorder.complete(span, track, origin + started, origin + finished, step=step, bucket=bucket, bytes=size,
+                              **marked)
 
 
 class TimelineCallback(keras.callbacks.Callback):

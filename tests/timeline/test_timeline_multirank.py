@@ -78,31 +78,33 @@ def test_starts_follow_backprop_not_registration_order(tmp_path):
              if e["name"] == names.BUCKET_READY}
     steps = sorted({step for _, step, _ in ready})
     assert len(steps) == 5
-    # Chained starts would hand shallow's bucket over after deep0's in every step. Unchained, it goes first
-    # unless a start op is held up: one waits (on the thread that ran it) until the peer collected the
-    # last step's results of its bucket (Note [Two copies per gradient byte]), so allow a step or two.
+    # Chained starts hand shallow's bucket over after deep0's in every step, whatever the timing. Unchained, it
+    # goes first unless the machine's load holds its op back: at least one step after the first must show it.
     for rank in (0, 1):
         early = [step for step in steps[1:] if ready[(rank, step, shallow)] < ready[(rank, step, deep0)]]
-        assert 2 * len(early) >= len(steps) - 1, f"rank {rank}: shallow's start waited for deep0's in steps " \
-                                                  f"{sorted(set(steps[1:]) - set(early))}"
+        assert early, f"rank {rank}: shallow's start waited for deep0's in every step"
     # Finishes are not chained behind the last start either (Note [Start and finish ops are not chained]): the
-    # first reduced gradient reaches the optimizer (optimizer_update begins) while backprop still runs. Chained,
+    # first reduced gradient can reach the optimizer (optimizer_update begins) while backprop still runs. Chained,
     # every finish ran after the last start, so after the last gradient, in every step.
     for rank in (0, 1):
         mine = [e for e in trace_file.spans(trace) if e["pid"] == rank]
         backward_end = {e["args"]["step"]: e["ts"] + e["dur"] for e in mine if e["name"] == names.BACKWARD}
         update_begin = {e["args"]["step"]: e["ts"] for e in mine if e["name"] == names.OPTIMIZER}
         during = [step for step in steps[1:] if update_begin[step] < backward_end[step]]
-        assert 2 * len(during) >= len(steps) - 1, f"rank {rank}: the first reduced gradient came after backprop " \
-                                                   f"in steps {sorted(set(steps[1:]) - set(during))}"
+        assert during, f"rank {rank}: the first reduced gradient came after backprop in every step"
+    # The loss tracker's state rides in buckets of its own (threshold 0): marked, and left out of the overlap.
+    metric_only = {e["args"]["bucket"] for e in trace_file.spans(trace, names.ALLREDUCE) if e["args"].get("metrics_only")}
+    assert metric_only == set(range(len(variables), len(variables) + len(metric_only))) and metric_only, metric_only
+    assert {row["buckets"] for row in overlap_from_trace(trace)} == {len(variables)}
     # Note [Buckets are reduced in an agreed order]: from the third step on, every rank reduces its buckets
-    # in the order rank 0 queued them in the second step.
+    # in the order rank 0 queued them in the second step. (The trace's times resolve about 0.2 us, absolute
+    # wall-clock seconds in doubles: buckets taken or queued closer than that may tie, and then any order fits.)
     buckets = sorted({bucket for _, _, bucket in ready})
-    agreed = sorted(buckets, key=lambda bucket: (ready[(0, steps[1], bucket)], bucket))
+    queued_first = [(a, b) for a in buckets for b in buckets if ready[(0, steps[1], a)] < ready[(0, steps[1], b)]]
     started = {(e["pid"], e["args"]["step"], e["args"]["bucket"]): e["ts"] for e in trace_file.spans(trace, names.ALLREDUCE)}
     for rank in (0, 1):
         for step in steps[:2]:  # before the agreement: registration (id) order
-            assert sorted(buckets, key=lambda bucket: started[(rank, step, bucket)]) == buckets, (rank, step)
+            assert all(started[(rank, step, a)] <= started[(rank, step, a + 1)] for a in buckets[:-1]), (rank, step)
         for step in steps[2:]:
-            reduced = sorted(buckets, key=lambda bucket: started[(rank, step, bucket)])
-            assert reduced == agreed, f"rank {rank} step {step}: reduced in order {reduced}, agreed {agreed}"
+            wrong = [(a, b) for a, b in queued_first if started[(rank, step, a)] > started[(rank, step, b)]]
+            assert not wrong, f"rank {rank} step {step}: reduced against rank 0's order of step {steps[1]}: {wrong}"

@@ -63,6 +63,15 @@ def test_merged_trace_has_a_process_per_rank_and_a_thread_per_track(tmp_path):
     assert summary["steps"] == 2 and summary["ranks"] == 2
 
 
+def test_buckets_of_metric_state_alone_are_left_out_of_the_overlap():
+    recorder = Recorder()
+    recorder.complete(names.BACKWARD, "step", 10.0, 20.0, step=0, gradients=2)
+    recorder.complete(names.ALLREDUCE, "reducer", 11.0, 19.0, step=0, bucket=0, bytes=8, metrics_only=True)
+    recorder.complete(names.ALLREDUCE, "reducer", 18.0, 22.0, step=0, bucket=1, bytes=64)
+    (row,) = overlap_from_trace(trace_file.merge_traces([trace_file.rank_trace(0, recorder.events, 0.0)]))
+    assert row["buckets"] == 1 and row["overlap_share"] == pytest.approx(0.5) and row["exposed_s"] == pytest.approx(2.0)
+
+
 def test_rank_files_merge_on_one_time_axis(tmp_path):
     target = str(tmp_path / "job.json")
     for rank, start in ((0, 5.0), (1, 5.25)):
