@@ -25,7 +25,9 @@ def test_goals_compare_auto_with_mpi_per_layout_and_link_bytes_with_the_minimum(
             row("2x2", "mpi4py_MPI_Allreduce", 4096, 0.001, sent=8000),
             row("2x2", "tnt_auto", 4096, 0.002, sent=9000),  # below 64 KiB: not part of the goals
             row("4x1", "mpi4py_MPI_Allreduce", mib, 0.010, sent=1.5 * mib, hosts=4),
-            row("4x1", "tnt_auto", mib, 0.020, sent=1.8 * mib, hosts=4)]
+            row("4x1", "tnt_auto", mib, 0.020, sent=1.8 * mib, hosts=4),
+            row("4x1", "tnt_ring", mib, 0.016, sent=1.6 * mib, hosts=4),
+            row("4x1", "tnt_rabenseifner", mib, 0.020, sent=1.5 * mib, hosts=4)]
     frame = report.derive(rows)
     auto = frame[frame["implementation"] == "tnt_auto"].set_index(["layout", "bytes"])
     assert auto.loc[("2x2", mib), "speedup_vs_mpi"] == pytest.approx(1.25)
@@ -36,6 +38,11 @@ def test_goals_compare_auto_with_mpi_per_layout_and_link_bytes_with_the_minimum(
     assert goals["2x2"]["auto_at_least_as_fast_as_mpi"] and goals["2x2"]["link_bytes_within_10_percent"]
     assert not goals["4x1"]["auto_at_least_as_fast_as_mpi"] and not goals["4x1"]["link_bytes_within_10_percent"]
     assert (tmp_path / "allreduce_2x2.png").exists() and (tmp_path / "allreduce_4x1.svg").exists()
+    # Whether auto's table picked the fastest algorithm asked for by name at that size.
+    entries = {(e["layout"], e["bytes"]): e for e in json.loads((tmp_path / "summary.json").read_text())["auto_vs_mpi"]}
+    assert entries[("4x1", mib)]["fastest_algorithm"] == "ring"
+    assert entries[("4x1", mib)]["fastest_vs_auto"] == pytest.approx(1.25)
+    assert "fastest_algorithm" not in entries[("2x2", mib)]  # no algorithm asked for by name there
 
 
 def test_cluster_layouts_parse_and_bad_ones_are_named():
