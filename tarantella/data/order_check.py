@@ -78,7 +78,7 @@ class Fingerprint:
         left from an earlier pass has a position the current pass has not reached, or has overwritten.)"""
         rows = self.ring.numpy()
         latest = int(rows[RING][0])
-        return {int(p): int(f) for p, f in rows[:RING] if latest - RING < p <= latest}
+        return {int(p): int(f) for p, f in rows[:RING] if p >= 0 and latest - RING < p <= latest}
 
 
 def batch_hash(batch) -> tf.Tensor:

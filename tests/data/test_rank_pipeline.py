@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tarantella.data import batching, dataset_graph, distributed_dataset as dd, rank_pipeline, user_input
+from tarantella.data import batching, dataset_graph, distributed_dataset as dd, order_check, rank_pipeline, user_input
 
 SIZES = (1, 2, 3, 4)
 N = 23  # uneven: partial last batches, and empty micro-batches at 4 ranks with batch 5 (23 = 4*5 + 3)
@@ -130,3 +130,41 @@ def test_links_are_named_as_the_user_wrote_them():
     names = [link.name for link in links]
     assert names[:4] == ["Dataset.map()", "Dataset.shuffle()", "Dataset.take()", "Dataset.padded_batch()"]
     assert "Dataset.unbatch()" in names and names[-1] == "Dataset.prefetch()"
+
+
+def _fingerprints(make, rank, size=2):
+    """The order check's (position: fingerprint) of rank `rank`'s stream after one full pass."""
+    stream = user_input.from_batched_dataset(make(rank), size, rank)
+    for _ in stream:
+        pass
+    return order_check.fingerprint_of(stream).positions()
+
+
+@pytest.mark.parametrize("kind", ["rewritten", "read_in_full"])
+def test_order_fingerprints_agree_and_catch_late_and_batch_level_differences(kind):
+    """Equal pipelines give equal fingerprints at every position on every rank; a per-rank seed of a shuffle
+    AFTER the batch, or one swapped pair of samples in the last batch, changes the fingerprint (Note [Same
+    order on every rank]); the ring keeps the last RING positions of the pass."""
+    maps = (lambda d: d.map(lambda i: (tf.cast(i, tf.float32), i % 3))) if kind == "rewritten" else \
+        (lambda d: d.map(lambda i: (tf.cast(i, tf.float32), i % 3)).batch(1).unbatch())  # unbatch: read in full
+
+    def same(rank):
+        return maps(tf.data.Dataset.range(N)).batch(5).shuffle(4, seed=1)
+
+    def batch_shuffle_per_rank(rank):
+        return maps(tf.data.Dataset.range(N)).batch(5).shuffle(4, seed=1 + rank)
+
+    def last_swapped(rank):
+        order = np.arange(N)
+        if rank:
+            order[[-1, -2]] = order[[-2, -1]]
+        return maps(tf.data.Dataset.from_tensor_slices(order)).batch(5)
+
+    equal = [_fingerprints(same, rank) for rank in (0, 1)]
+    assert sorted(equal[0]) == list(range(5)) and equal[0] == equal[1]
+    shuffled = [_fingerprints(batch_shuffle_per_rank, rank) for rank in (0, 1)]
+    assert shuffled[0][4] != shuffled[1][4]  # (batches read in full: from the first batch that differs on)
+    swapped = [_fingerprints(last_swapped, rank) for rank in (0, 1)]
+    assert [swapped[0][p] == swapped[1][p] for p in range(5)] == [True] * 4 + [False]
+    long = _fingerprints(lambda rank: maps(tf.data.Dataset.range(order_check.RING + 7)).batch(1), 0)
+    assert sorted(long) == list(range(7, order_check.RING + 7))
