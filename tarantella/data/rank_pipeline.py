@@ -206,6 +206,8 @@ def _after_salt(after: list[graph.Link]) -> int:
     between ranks exactly when those links reorder or pick batches differently."""
     described = []
     for link in after:
+        if link.kind in (graph.PREFETCH, graph.CACHE):  # they never reorder: their arguments may differ
+            continue
         node = link.dataset
         arguments = [graph.static_value(getattr(node, name, None)) for name in ("_seed", "_seed2", "_count",
                                                                                 "_buffer_size")]
