@@ -12,11 +12,22 @@ What the logs become: a value that is the result of one of the model's
 metrics (`model.metrics`) is the global result, from the summed state; any
 other float scalar the step returns is taken as a mean over the micro-batch and
 becomes the global batch's mean (sum over ranks of value * n_r / N).
-A metric updated without sample weights (`metric.update_state(loss)`) counts
-every rank's micro-batch once: its global value is the mean over the ranks'
-micro-batch values, serial's value when the micro-batches are equal in size.
+
+Note [Means of whole micro-batches]
+A `keras.metrics.Mean` updated with one scalar and no sample weight
+(`self.loss_tracker.update_state(loss)`, the keras.io pattern) counts the
+scalar once per step. Serial Keras counts the global batch's mean once; summed
+as they are, the ranks' states would count every micro-batch's mean once (the
+mean of the means: serial's only for equal micro-batches). So during a step,
+such an update gets the sample weight n_r / N * ranks: the summed state then
+adds ranks * (the global batch's mean) to the total and `ranks` to the count,
+whose ratio over the steps is serial's. An empty micro-batch weighs 0.
+Updates with sample weights or per-sample values are left alone (summed, they
+are already serial's).
 """
 from __future__ import annotations
+
+import contextlib
 
 import keras
 import tensorflow as tf
@@ -51,7 +62,7 @@ def train_step(model, data):
     restorer = empty_micro_batch.Restorer(_state_to_keep(user), may_be_empty)
     context = StepContext(share=share, allreducer_for=model._allreducer_for,
                           overlap=model.overlap_communication)
-    with step_context(context):
+    with step_context(context), _whole_batch_means(user.metrics, share * model.world_size):
         logs = user.train_step(batch)
     if context.applies == 0:  # refused at every rank count, so a 1-rank trial already says so
         raise ValueError(f"tarantella: {type(user).__name__}.train_step updated no variables through "
@@ -68,9 +79,11 @@ def test_step(model, data):
     batch, global_size, _ = tf_steps.unpack(data, model.world_size)
     batch, count, may_be_empty = empty_micro_batch.with_placeholder(batch)
     restorer = empty_micro_batch.Restorer(_state_to_keep(user), may_be_empty)
-    logs = user.test_step(batch)
+    share = _share(count, global_size)
+    with _whole_batch_means(user.metrics, share * model.world_size):
+        logs = user.test_step(batch)
     restorer.restore_if_empty(count)
-    return global_logs(model, logs, _share(count, global_size))
+    return global_logs(model, logs, share)
 
 
 def predict_step(model, data):
@@ -79,6 +92,26 @@ def predict_step(model, data):
     run, count, _ = empty_micro_batch.with_placeholder(batch)
     predictions = tf.nest.map_structure(lambda tensor: tensor[:count], user.predict_step(run))
     return tf_steps.with_positions(data, predictions, first_index, count)
+
+
+@contextlib.contextmanager
+def _whole_batch_means(metrics, weight):
+    """Within (while tracing a step): Mean metrics updated with one scalar and no sample weight count it with
+    `weight` (Note [Means of whole micro-batches]). The metrics' own update_state is back afterwards."""
+    wrapped = []
+    for metric in metrics:
+        if isinstance(metric, keras.metrics.Mean) and "update_state" not in vars(metric):
+            def update_state(values, sample_weight=None, _original=metric.update_state):
+                if sample_weight is None and tf.convert_to_tensor(values).shape.rank == 0:
+                    sample_weight = weight
+                return _original(values, sample_weight=sample_weight)
+            metric.update_state = update_state
+            wrapped.append(metric)
+    try:
+        yield
+    finally:
+        for metric in wrapped:
+            del metric.update_state
 
 
 def global_logs(model, logs, share):
