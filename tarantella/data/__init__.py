@@ -9,7 +9,7 @@ dataset_graph        the links of a tf.data pipeline read from its Python object
 distributed_dataset  the stream's element format; slicing of global batches read in full; arrays
 python_input         keras.utils.PyDataset and generators as tf.data pipelines of global batches
 from_function        distribute_datasets_from_function: each rank builds its own pipeline (file sharding)
-order_check          the ranks must agree on the sample order: a first-batch fingerprint, compared
+order_check          the ranks must agree on the sample order: a rolling fingerprint of every batch, compared
 batching             the arithmetic only (no TensorFlow): micro-batch sizes and offsets
 """
 __all__: list[str] = []

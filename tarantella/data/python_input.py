@@ -7,7 +7,7 @@ builds every global batch and keeps its part (one note on the master says so);
 for a PyDataset, make `__getitem__` cheap (e.g. return file names and decode
 in a tf.data map) or use `tnt.distribute_datasets_from_function` to shard at
 file level. A generator must give the same batches in the same order on every
-rank (Note [Same order on every rank] in order_check.py checks the first one).
+rank (Note [Same order on every rank] in order_check.py checks every batch).
 
 A PyDataset's `workers`, `use_multiprocessing` and `max_queue_size` are
 honoured as Keras's own enqueuer does (batches fetched ahead by threads or

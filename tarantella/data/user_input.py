@@ -18,8 +18,8 @@ in Keras:
 - a stream already distributed (`distribute_datasets_from_function`, or a
   second call on distribute's own output): passed through.
 The order of the pipeline's samples must be the same on every rank: unseeded
-shuffles are refused, and `order_check.callbacks(...)` compares the first
-global batches after the first step (Note [Same order on every rank]).
+shuffles are refused, and `order_check.callbacks(...)` compares a fingerprint of
+every global batch after the first step and each epoch (Note [Same order on every rank]).
 """
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def distribute_dataset(dataset: tf.data.Dataset, micro_batch_size: int | None = 
 
     `dataset` is batched with the GLOBAL batch size, or unbatched with `micro_batch_size` (samples per rank).
     All ranks must see the same global batches in the same order (seed any shuffle); to check it, call
-    `tarantella.data.order_check.verify(stream)` on every rank once the first element was taken (fit does).
+    `tarantella.data.order_check.verify(stream)` on every rank after the first step and after each epoch (fit does).
     The output of tnt.distribute_datasets_from_function (file-level sharding) is accepted too."""
     size, rank = runtime.get_size(), runtime.get_rank()
     local = user_input.distribute(dataset, micro_batch_size=micro_batch_size, size=size, rank=rank)
