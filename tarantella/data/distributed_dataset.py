@@ -19,8 +19,7 @@ import tensorflow as tf
 from tarantella.data import batching, order_check
 
 __all__ = ["DATA", "GLOBAL_SIZE", "FIRST_INDEX", "is_distributed_element", "rank_range", "rank_start_count",
-           "sliced_for_rank",
-           "from_arrays", "class_weights_as_sample_weights"]
+           "sliced_for_rank", "from_arrays", "class_weights_as_sample_weights"]
 
 DATA = "tnt_data"
 GLOBAL_SIZE = "tnt_global_size"
