@@ -1,11 +1,21 @@
 """One benchmark run on every rank of a job; rank 0 prints one JSON line "RESULT {...}".
 
     program.py --mode pipeline|data|serial [--schedule 1f1b|gpipe] [--micro-batches M]
-               [--layers 8] [--width 512] [--batch 128] [--steps 8] [--budget-mib B]
+               [--layers 8] [--width 512] [--batch 128] [--steps 32] [--budget-mib B] [--pin]
 
 The model is a chain of `--layers` Dense layers of `--width` units (the cut,
 for pipelines, is automatic and balanced by parameters). TensorFlow gets one
-thread per rank so that ranks do not compete for the machine's cores.
+thread per rank so that ranks do not compete for the machine's cores; with
+`--pin` each rank runs on one core of its own (local rank i on core i), all its
+threads included: serial is then the model on one core.
+
+Throughput: `samples_per_s` is the steady state, from the end of the first
+timed step to the end of the last (Keras callbacks; the slowest rank), so
+Keras's per-fit set-up (iterator, callbacks) and the first step's wait for the
+other ranks are left out; `samples_per_s_fit` is over the whole timed `fit`.
+Pipelines also report `breakdown_per_stage` (medians over the steps, ms):
+Keras's step, the traced step function's call, the passes' compute, the waits
+inside the function and the time outside it.
 
 --budget-mib B: each rank may hold at most B MiB of model state (parameters
 plus optimizer state). A run whose rank would hold more does not train: it
@@ -24,10 +34,25 @@ import argparse
 import json
 import os
 import resource
+import sys
 import time
 
-import numpy as np
-import tensorflow as tf
+
+def pin_to_one_core() -> list[int]:
+    """--pin: this rank and every thread it starts (TensorFlow's, MPI's, the engine's) run on one core,
+    local rank i on core i: a serial run is the model on one core, and the ranks of a job do not take each
+    other's cores. Done before TensorFlow starts its threads (they inherit the affinity)."""
+    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("MPI_LOCALRANKID", "0")))
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[local % len(cores)]
+    os.sched_setaffinity(0, {core})
+    return [core]
+
+
+CORES = pin_to_one_core() if "--pin" in sys.argv else sorted(os.sched_getaffinity(0))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -43,8 +68,9 @@ parser.add_argument("--micro-batches", type=int, default=4)
 parser.add_argument("--layers", type=int, default=8)
 parser.add_argument("--width", type=int, default=512)
 parser.add_argument("--batch", type=int, default=128)
-parser.add_argument("--steps", type=int, default=8)
+parser.add_argument("--steps", type=int, default=32)
 parser.add_argument("--budget-mib", type=float, default=None)
+parser.add_argument("--pin", action="store_true", help="run each rank on one core (local rank i on core i)")
 args = parser.parse_args()
 MIB = 1024.0 * 1024.0
 
@@ -83,7 +109,7 @@ model = build()
 whole_params = state_bytes(model.weights)
 rss_before = peak_rss_mib()
 load_before = os.getloadavg()
-record = {"rank": tnt.get_rank(), "whole_params_bytes": whole_params}
+record = {"rank": tnt.get_rank(), "whole_params_bytes": whole_params, "cores": CORES}
 needed = whole_params + optimizer_bytes_for(whole_params)
 if args.mode != "pipeline" and args.budget_mib is not None and needed > args.budget_mib * MIB:
     record.update(fits=False, needed_bytes=needed)
@@ -97,12 +123,19 @@ else:
     elif args.mode == "data":
         model = tnt.Model(model)
     model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
-    traces = []
+    traces, steps = [], []
 
     class Trace(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.began = time.time()
+
         def on_train_batch_end(self, batch, logs=None):
+            times = {"step": [self.began, time.time()]}
             if args.mode == "pipeline":
-                traces.append(model.runner.trace.passes)
+                trace = model.runner.trace
+                traces.append(trace.passes)
+                times["function"] = [trace.start, trace.end]
+            steps.append(times)
 
     model.fit(x[:args.batch * 2], y[:args.batch * 2], batch_size=args.batch, epochs=1, verbose=0,
               shuffle=False)  # warm-up: traces the step
@@ -112,12 +145,16 @@ else:
     start = time.perf_counter()
     model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, shuffle=False, callbacks=[Trace()])
     elapsed = time.perf_counter() - start
-    record.update(fits=True, elapsed_s=elapsed, peak_rss_mib=peak_rss_mib(), rss_before_mib=rss_before)
+    # Steady state: from the end of the first timed step to the end of the last (Keras's set-up of the
+    # epoch, the input pipeline's start and the first step's waits for the other ranks are left out).
+    steady = steps[-1]["step"][1] - steps[0]["step"][1] if len(steps) > 1 else elapsed
+    record.update(fits=True, elapsed_s=elapsed, steady_s=steady, steady_steps=max(len(steps) - 1, 1),
+                  peak_rss_mib=peak_rss_mib(), rss_before_mib=rss_before)
     if args.mode == "pipeline":
         params = state_bytes(model.whole_model.weights)
         optimizer = state_bytes(model.optimizer.variables)
         record.update(stage=model.placement.stage, params_bytes=params, optimizer_bytes=optimizer,
-                      steps_passes=traces, live_peak=max(live_peak(t) for t in traces))
+                      steps_passes=traces, steps_times=steps, live_peak=max(live_peak(t) for t in traces))
     else:
         weights = model.wrapped_model.weights if args.mode == "data" else model.weights
         params = state_bytes(weights)
@@ -140,6 +177,25 @@ def bubble(records) -> tuple[float, list[float]]:
     return float(np.mean(means)), means
 
 
+def breakdown(records) -> list[dict]:
+    """Per stage, medians over the timed steps in ms: Keras's step (callback to callback), the
+    traced step function's call, the passes' compute, the waits between passes inside the function
+    (receives not yet arrived, the ops between passes), and the time outside the function (Keras's
+    loop, the input, the logs)."""
+    rows = []
+    for r in records:
+        parts = {"step_ms": [], "function_ms": [], "busy_ms": [], "wait_in_function_ms": [], "outside_function_ms": []}
+        for times, passes in zip(r["steps_times"], r["steps_passes"]):
+            step = times["step"][1] - times["step"][0]
+            function = times["function"][1] - times["function"][0]
+            busy = sum(p[3] - p[2] for p in passes)
+            for key, value in (("step_ms", step), ("function_ms", function), ("busy_ms", busy),
+                               ("wait_in_function_ms", function - busy), ("outside_function_ms", step - function)):
+                parts[key].append(1000.0 * value)
+        rows.append({key: round(float(np.median(v)), 3) for key, v in parts.items()})
+    return rows
+
+
 if tnt.get_rank() == 0:
     summary = {"mode": args.mode, "schedule": args.schedule if args.mode == "pipeline" else None,
                "micro_batches": args.micro_batches if args.mode == "pipeline" else None,
@@ -148,7 +204,9 @@ if tnt.get_rank() == 0:
                "whole_params_bytes": whole_params}
     if summary["fits"]:
         elapsed = max(r["elapsed_s"] for r in records)
-        summary.update(elapsed_s=elapsed, samples_per_s=samples / elapsed,
+        steady = max(r["steady_s"] for r in records)
+        summary.update(elapsed_s=elapsed, samples_per_s_fit=samples / elapsed, steady_s=steady,
+                       samples_per_s=args.batch * records[0]["steady_steps"] / steady,
                        max_rank_params_fraction=max(r["params_bytes"] for r in records) / whole_params)
         if args.budget_mib is not None:
             summary["within_budget"] = all(r["within_budget"] for r in records)
@@ -158,8 +216,9 @@ if tnt.get_rank() == 0:
         S, M = tnt.get_size(), args.micro_batches
         mean, per_stage = bubble(records)
         summary.update(bubble_fraction=mean, bubble_per_stage=per_stage, ideal_bubble_fraction=(S - 1) / (M + S - 1),
-                       live_peak_per_stage=[r["live_peak"] for r in records])
+                       live_peak_per_stage=[r["live_peak"] for r in records], breakdown_per_stage=breakdown(records))
     for r in records:
         r.pop("steps_passes", None)
+        r.pop("steps_times", None)
     summary["per_rank"] = records
     print("RESULT " + json.dumps(summary), flush=True)

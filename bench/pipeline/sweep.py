@@ -1,13 +1,18 @@
 """Run the pipeline benchmarks through the launcher and write results/pipeline/.
 
-    python -m bench.pipeline.sweep [--out results/pipeline] [--steps 8] [--repeats 3]
+    python -m bench.pipeline.sweep [--out results/pipeline] [--steps 32] [--batch 128] [--repeats 3]
                                    [--micro-batches 1,2,4,8] [--budget-mib 256] [--big-width 2048]
+                                   [--models mlp,over_budget]
 
 Two models (bench/pipeline/program.py): the 8 x Dense(512) MLP, and the same
 chain at `--big-width`, whose parameters plus Adam state exceed
 `--budget-mib` per rank while half of it (one stage) fits. For each: serial
 (1 rank), 2-rank data parallelism, and 2-stage GPipe and 1F1B at each M;
-every configuration `--repeats` times, reporting medians. The big model's
+every configuration `--repeats` times, reporting medians of the steady-state
+throughput (`samples_per_s`; `samples_per_s_fit` over the whole `fit`, see
+program.py). `--batch` is the global batch (micro-batches of batch / M). Each
+rank runs on a core of its own (program.py --pin; `--no-pin` to let them float),
+so serial is the whole model on one core. The big model's
 serial and data-parallel rows report that they do not fit the budget.
 
 Writes runs.jsonl (every run: machine, commit, options, raw per-rank
@@ -29,7 +34,8 @@ from bench.machine import describe_machine, describe_source
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-COLUMNS = ["model", "mode", "schedule", "micro_batches", "ranks", "fits", "samples_per_s", "speedup_vs_serial",
+COLUMNS = ["model", "mode", "schedule", "micro_batches", "ranks", "global_batch", "fits", "samples_per_s",
+           "samples_per_s_fit", "speedup_vs_serial",
            "ideal_speedup", "fraction_of_ideal", "bubble_fraction", "ideal_bubble_fraction", "live_peak_per_stage",
            "max_rank_params_fraction", "max_rank_state_mib", "budget_mib", "within_budget",
            "max_rank_peak_rss_growth_mib", "loadavg_1min_max"]
@@ -48,6 +54,7 @@ def run(ranks: int, options: list[str], timeout: float = 600) -> dict:
 def plan(options) -> list[tuple[str, int, list[str]]]:
     models = [("mlp", ["--width", "512"]),
               ("over_budget", ["--width", str(options.big_width), "--budget-mib", str(options.budget_mib)])]
+    models = [m for m in models if m[0] in options.models.split(",")]
     rows = []
     for name, model in models:
         rows += [(name, 1, ["--mode", "serial"] + model), (name, 2, ["--mode", "data"] + model)]
@@ -60,7 +67,8 @@ def plan(options) -> list[tuple[str, int, list[str]]]:
 def median_row(name: str, runs: list[dict], serial: dict | None) -> dict:
     first = runs[0]
     row = {"model": name, "mode": first["mode"], "schedule": first["schedule"],
-           "micro_batches": first["micro_batches"], "ranks": first["ranks"], "fits": first["fits"],
+           "micro_batches": first["micro_batches"], "ranks": first["ranks"], "global_batch": first["global_batch"],
+           "fits": first["fits"],
            "budget_mib": first["budget_mib"]}
     loads = [max(r["loadavg_before"][0], r["loadavg_after"][0]) for run in runs for r in run["per_rank"]]
     row["loadavg_1min_max"] = round(max(loads), 2)
@@ -70,6 +78,7 @@ def median_row(name: str, runs: list[dict], serial: dict | None) -> dict:
         return row
     speed = statistics.median(r["samples_per_s"] for r in runs)
     row["samples_per_s"] = round(speed, 1)
+    row["samples_per_s_fit"] = round(statistics.median(r["samples_per_s_fit"] for r in runs), 1)
     if serial and serial.get("samples_per_s"):
         row["speedup_vs_serial"] = round(speed / serial["samples_per_s"], 3)
     if first["mode"] == "pipeline":
@@ -103,15 +112,19 @@ def write_summary(path: str, rows: list[dict], context: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(REPO, "results", "pipeline"))
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--micro-batches", default="1,2,4,8")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--budget-mib", type=float, default=256.0)
     parser.add_argument("--big-width", type=int, default=2048)
+    parser.add_argument("--models", default="mlp,over_budget", help="which of mlp,over_budget to run")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="let ranks float over all cores (default: each rank on a core of its own, program.py --pin)")
     options = parser.parse_args()
     common = ["--steps", str(options.steps), "--batch", str(options.batch), "--layers", str(options.layers)]
+    common += [] if options.no_pin else ["--pin"]
     os.makedirs(options.out, exist_ok=True)
     context = {"machine": describe_machine(), "source": describe_source()}
     raw, rows, serial = [], [], {}

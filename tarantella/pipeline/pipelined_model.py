@@ -127,6 +127,9 @@ class PipelinedModel(keras.Model):
         self._gradient_allreducer = None
         self._step_functions = {}
         self._metric_allreducers = {}
+        self._schedules = {}              # per mode: this stage's passes
+        # The step's `start` argument (compiled_step.py StageStep.build); one tensor, not one per step.
+        self._start = tf.constant(0, tf.int32)
         self._log_keys, self._traced_log_keys = {}, {}   # per mode: the logs' names (Note [The logs travel in the step])
         self._global_logs = None
         self.built = True
@@ -350,7 +353,7 @@ class PipelinedModel(keras.Model):
             global_size, data = int(data[distributed_dataset.GLOBAL_SIZE]), data[distributed_dataset.DATA]
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         if not is_part:
-            global_size = int(tf.shape(keras.tree.flatten(x if x is not None else y)[0])[0])
+            global_size = int(keras.tree.flatten(x if x is not None else y)[0].shape[0])
         check_micro_batches(global_size, self.placement.num_replicas, self.num_micro_batches)
         inputs = self._flat_inputs(x) if self.placement.is_first_stage else None
         last = self.placement.is_last_stage
@@ -358,15 +361,17 @@ class PipelinedModel(keras.Model):
             self.optimizer.build(self.stage_model.trainable_variables)
         began = time.time()
         result = self._step_function(mode)(inputs, y if last else None, sample_weight if last else None,
-                                            tf.constant(0, tf.int32), global_size, is_part)
+                                            self._start, global_size, is_part)
         self.runner.record(self._passes(mode), result["times"], began, time.time())
         return result
 
-    def _passes(self, mode: str):
-        if mode == "train":
-            return make_schedule(self.schedule_name, self.num_micro_batches, self.placement.num_stages,
-                                 self.placement.stage)
-        return [Pass(FORWARD, m) for m in range(self.num_micro_batches)]
+    def _passes(self, mode: str) -> list[Pass]:
+        if mode not in self._schedules:
+            self._schedules[mode] = (
+                make_schedule(self.schedule_name, self.num_micro_batches, self.placement.num_stages,
+                              self.placement.stage)
+                if mode == "train" else [Pass(FORWARD, m) for m in range(self.num_micro_batches)])
+        return self._schedules[mode]
 
     def _step_graph(self, mode, inputs, targets, weights, start, global_size: int, is_part: bool = False):
         """Traced: this rank's whole step (Note [The schedule inside one graph] in compiled_step.py)."""
@@ -560,7 +565,7 @@ class PipelinedModel(keras.Model):
             if self.placement.num_replicas > 1:
                 values = [collectives.allreduce(v, group=self._stage_group) if v.size else v for v in values]
             results = results_from_state(self.metrics, [tf.convert_to_tensor(v) for v in values])
-            logs = {k: np.asarray(v).tolist() for k, v in results.items()}
+            logs = {k: float(v) if np.ndim(v) == 0 else np.asarray(v) for k, v in results.items()}
         if runtime.get_size() > 1:
             logs = collectives.broadcast_object(logs, root=self.placement.rank_of(0, self.placement.num_stages - 1))
         return logs

@@ -65,4 +65,18 @@ model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
 history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
 np.testing.assert_allclose(history["loss"], serial_history["loss"], rtol=1e-5)
 print("OK default micro-batch count trains like serial", flush=True)
+# Logs that the step's log vector cannot carry (a metric with one value per output) reach every rank
+# through the Python broadcast (Note [The logs travel in the step]); scalar ones travel in the step.
+metrics = lambda: ["mae", keras.metrics.R2Score(class_aggregation=None)]  # noqa: E731
+serial = chain(set())
+serial.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=metrics())
+serial_history = serial.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+model = make_pipelined_model(chain({1}), num_micro_batches=2)
+model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=metrics())
+history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+assert sorted(history) == sorted(serial_history), (sorted(history), sorted(serial_history))
+for key in serial_history:
+    np.testing.assert_allclose(np.array(history[key], dtype=float), np.array(serial_history[key], dtype=float),
+                               rtol=1e-4, atol=1e-6, err_msg=key)
+print("OK logs the step cannot carry reach every rank like serial's", flush=True)
 print("OK done", flush=True)
