@@ -95,21 +95,20 @@ class MetricBuckets:
     the GraphAllreducer methods the timeline reads (clock_origin, last_step_times, bucket_bytes)."""
 
     def __init__(self, allreducer, state_count: int):
-        self._allreducer = allreducer
+        self.gradient_allreducer = allreducer
         tensors = len(allreducer.shapes)
         self._buckets = sorted({allreducer.bucket_of(t) for t in range(tensors - state_count, tensors)})
         gradient_buckets = {allreducer.bucket_of(t) for t in range(tensors - state_count)}
-        self.gradient_allreducer = allreducer
         # Buckets of the gradient reducer holding metric state and no gradient (the timeline's overlap leaves them out).
         self.metric_only_buckets = frozenset(b for b in self._buckets if b not in gradient_buckets)
 
     def clock_origin(self) -> float:
-        return self._allreducer.clock_origin()
+        return self.gradient_allreducer.clock_origin()
 
     def last_step_times(self) -> list:
-        times = self._allreducer.last_step_times()
+        times = self.gradient_allreducer.last_step_times()
         return [times[b] for b in self._buckets]
 
     def bucket_bytes(self) -> list[int]:
-        sizes = self._allreducer.bucket_bytes()
+        sizes = self.gradient_allreducer.bucket_bytes()
         return [sizes[b] for b in self._buckets]
