@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from typing import Callable, Mapping
+
+from tarantella.launcher.process_group import stop_process_group
 
 __all__ = ["RunSpec", "RunResult", "execute", "RUNNER", "DETERMINISM_FAILURE_PATTERNS"]
 
@@ -125,19 +126,8 @@ def execute(spec: RunSpec, script: str, script_args: list[str], directory: str, 
                 elapsed = time.monotonic() - start
                 on_progress(_progress_step(directory), elapsed)
                 if elapsed > timeout:
-                    _kill_group(process)
+                    stop_process_group(process, grace_seconds=5.0)
                     break
     return RunResult(spec, directory, returncode, time.monotonic() - start, _tail(stderr_path))
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue

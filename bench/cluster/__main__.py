@@ -24,6 +24,8 @@ import signal
 import subprocess
 import sys
 
+from tarantella.launcher.process_group import stop_process_group
+
 from .netns_cluster import ClusterError, create, list_clusters, load, remove_stale
 
 
@@ -52,11 +54,7 @@ def _run(args) -> int:
         try:
             return process.wait()
         except KeyboardInterrupt:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+            stop_process_group(process, grace_seconds=10)
             return 130
     finally:
         cluster.down()

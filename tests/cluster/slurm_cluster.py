@@ -29,10 +29,11 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import time
+
+from tarantella.launcher.process_group import stop_process_group
 
 __all__ = ["SlurmCluster", "SlurmStartError", "one_node", "on_namespace_hosts",
            "why_no_slurm"]
@@ -257,24 +258,11 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 pass
         for process in reversed(self.processes):
-            _stop_group(process)
+            stop_process_group(process, grace_seconds=15)
         self.processes.clear()
         if self._log is not None:
             self._log.close()
             self._log = None
-
-
-def _stop_group(process: subprocess.Popen) -> None:
-    for signum, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(process.pid, signum)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def one_node(directory: str) -> SlurmCluster:
