@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "allreduce.hpp"
+#include "alltoall.hpp"
 #include "c_api.h"
 #include "engine.hpp"
 #include "errors.hpp"
@@ -178,6 +179,19 @@ std::vector<py::bytes> allgather_bytes(const py::bytes& data, GroupHandle& group
   return result;
 }
 
+// Helper D's lines (tarantella/data/batch_exchange.py): block s goes to rank s; returns the block from each rank.
+std::vector<py::bytes> alltoall_bytes(const std::vector<std::string>& blocks, GroupHandle& group) {
+  std::vector<std::string> received;
+  tnt::ProcessGroup& process_group = group.group();
+  {
+    py::gil_scoped_release release;
+    received = tnt::alltoallv(process_group, blocks);  // keeps its own buffers if it fails
+  }
+  std::vector<py::bytes> result;
+  for (const auto& block : received) result.emplace_back(block);
+  return result;
+}
+
 class Reducer {
  public:
   Reducer(const std::vector<std::tuple<std::size_t, std::string>>& tensors, std::size_t fusion_threshold_bytes,
@@ -311,6 +325,7 @@ PYBIND11_MODULE(_engine, m) {
   m.def("broadcast", &broadcast, py::arg("array"), py::arg("root"), py::arg("group"));
   m.def("allgather", &allgather, py::arg("array"), py::arg("group"));
   m.def("allgather_bytes", &allgather_bytes, py::arg("data"), py::arg("group"));
+  m.def("alltoall_bytes", &alltoall_bytes, py::arg("blocks"), py::arg("group"));
 
   py::class_<Reducer>(m, "Reducer")
       .def(py::init<const std::vector<std::tuple<std::size_t, std::string>>&, std::size_t, const std::string&,
