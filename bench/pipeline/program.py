@@ -1,6 +1,6 @@
 """One benchmark run on every rank of a job; rank 0 prints one JSON line "RESULT {...}".
 
-    program.py --mode pipeline|data|serial [--schedule 1f1b|gpipe] [--micro-batches M]
+    program.py --mode pipeline|data|serial [--schedule 1f1b|gpipe] [--micro-batches M] [--defer on|off|K]
                [--layers 8] [--width 512] [--batch 128] [--steps 32] [--budget-mib B] [--pin]
 
 The model is a chain of `--layers` Dense layers of `--width` units (the cut,
@@ -65,6 +65,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--mode", choices=["pipeline", "data", "serial"], required=True)
 parser.add_argument("--schedule", default="1f1b")
 parser.add_argument("--micro-batches", type=int, default=4)
+parser.add_argument("--defer", default="on",
+                    help="pipelines' defer_weight_gradients: on (default), off, or micro-batches per weight pass")
 parser.add_argument("--layers", type=int, default=8)
 parser.add_argument("--width", type=int, default=512)
 parser.add_argument("--batch", type=int, default=128)
@@ -119,7 +121,9 @@ else:
     if args.mode == "pipeline":
         from tarantella.pipeline import make_pipelined_model
         model = make_pipelined_model(model, num_micro_batches=args.micro_batches, schedule=args.schedule,
-                                     num_pipeline_stages=tnt.get_size(), balance_by="parameters")
+                                     num_pipeline_stages=tnt.get_size(), balance_by="parameters",
+                                     defer_weight_gradients={"on": True, "off": False}[args.defer]
+                                     if args.defer in ("on", "off") else int(args.defer))
     elif args.mode == "data":
         model = tnt.Model(model)
     model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
@@ -199,6 +203,7 @@ def breakdown(records) -> list[dict]:
 if tnt.get_rank() == 0:
     summary = {"mode": args.mode, "schedule": args.schedule if args.mode == "pipeline" else None,
                "micro_batches": args.micro_batches if args.mode == "pipeline" else None,
+               "defer_weight_gradients": args.defer if args.mode == "pipeline" else None,
                "ranks": tnt.get_size(), "layers": args.layers, "width": args.width, "global_batch": args.batch,
                "steps": args.steps, "budget_mib": args.budget_mib, "fits": all(r["fits"] for r in records),
                "whole_params_bytes": whole_params}

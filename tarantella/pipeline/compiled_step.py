@@ -34,6 +34,7 @@ last step (`StepTrace`), from which the benchmark measures the bubble.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import keras
@@ -42,8 +43,9 @@ import tensorflow as tf
 
 from tarantella import tf_ops
 from tarantella.pipeline.partition import Partition
-from tarantella.pipeline.schedules import BACKWARD, FORWARD, Pass
+from tarantella.pipeline.schedules import BACKWARD, FORWARD, WEIGHT, Pass
 from tarantella.pipeline.topology import Placement
+from tarantella.pipeline.weight_gradients import DeferredDense, deferrable_layers
 
 __all__ = ["StageStep", "StepTrace", "MicroBatchData", "LAYER_LOSSES_TAG", "LOGS_TAG"]
 
@@ -114,6 +116,12 @@ class StageStep:
         self._ops = tf_ops.load_ops() if channels is not None else None
         self.trace = StepTrace()
 
+    @property
+    def defers_weight_gradients(self) -> bool:
+        """Whether this stage has layers whose weight gradients wait for weight passes (Note [Deferred
+        weight gradients] in weight_gradients.py); the training schedule then needs WEIGHT passes."""
+        return bool(deferrable_layers(self.model))
+
     def record(self, passes: list[Pass], times, start: float, end: float) -> None:
         self.trace = StepTrace(passes, times, start, end)
 
@@ -139,6 +147,8 @@ class StageStep:
                                      channels=self.channels_id, peer=self.placement.peer(stage), tag=tag)
 
     def _post_receives(self, p: Pass, n: int, after) -> dict:
+        if p.kind == WEIGHT:
+            return {}
         if p.kind == FORWARD:
             return {e.id: self._receive(after, e, n, e.source, self._tag(p.micro_batch, e.id, False))
                     for e in self.edges_in}
@@ -162,6 +172,8 @@ class StageStep:
         self._penalties = []
         variables = self.model.trainable_variables
         gradients = [None] * len(variables)
+        deferred = any(p.kind == WEIGHT for p in passes)
+        self._deferred = DeferredDense(self.model, variables) if deferred else None
         received, live, predictions, tokens, times = {}, {}, {}, [], []
         previous = []          # the outputs of the pass before
         posted = 0
@@ -185,8 +197,11 @@ class StageStep:
                                                              scale_penalty)
                 if y_pred is not None:
                     predictions[m] = y_pred
-            else:
+            elif p.kind == BACKWARD:
                 sends, done = self._backward(m, live.pop(m), arrived, began, variables, gradients)
+            else:
+                with tf.control_dependencies([began]):
+                    sends, done = [], self._deferred.weight_pass(gradients) or [tf.constant(0)]
             tokens.extend(sends)
             with tf.control_dependencies(done):
                 times.append(tf.stack([began, tf.timestamp()]))
@@ -206,7 +221,8 @@ class StageStep:
             tape.__enter__()
             tape.watch([t for e, t in arrived.items() if self.partition.edges[e].differentiable])
         try:
-            outputs = [tf.convert_to_tensor(o) for o in keras.tree.flatten(self.model(inputs, training=training))]
+            with self._deferred.recording() if tape is not None and self._deferred else contextlib.nullcontext():
+                outputs = [tf.convert_to_tensor(o) for o in keras.tree.flatten(self.model(inputs, training=training))]
             loss, y_pred, penalty = None, None, None
             if not self.placement.is_last_stage and self.model.losses:
                 value = tf.add_n([tf.cast(l, tf.float32) for l in self.model.losses])

@@ -64,7 +64,8 @@ from tarantella.pipeline import data as pipeline_data
 from tarantella.pipeline import stage_state
 from tarantella.pipeline.cut import choose_stages
 from tarantella.pipeline.partition import graph_of, partition
-from tarantella.pipeline.schedules import FORWARD, Pass, check_micro_batches, schedule as make_schedule
+from tarantella.pipeline.schedules import (FORWARD, Pass, check_micro_batches, schedule as make_schedule,
+                                           with_weight_passes)
 from tarantella.pipeline.compiled_step import LAYER_LOSSES_TAG, LOGS_TAG, MicroBatchData, StageStep
 from tarantella.pipeline.topology import place
 
@@ -96,7 +97,7 @@ class _Untracked:
 class PipelinedModel(keras.Model):
     def __init__(self, model: keras.Model, *, num_micro_batches: int | None = None, schedule: str = "1f1b",
                  num_pipeline_stages: int | None = None, data_parallel: bool = False, balance_by: str = "time",
-                 name: str | None = None):
+                 defer_weight_gradients: bool | int = True, name: str | None = None):
         runtime.init()
         graph = graph_of(model)
         size, rank = runtime.get_size(), runtime.get_rank()
@@ -106,10 +107,15 @@ class PipelinedModel(keras.Model):
         if num_micro_batches is None:
             num_micro_batches = default_micro_batches(num_stages)
         make_schedule(schedule, num_micro_batches, num_stages, 0)  # validates the name and count
+        if not isinstance(defer_weight_gradients, bool) and not (
+                isinstance(defer_weight_gradients, int) and defer_weight_gradients >= 1):
+            raise ValueError(f"tarantella: defer_weight_gradients must be True, False or a number of "
+                             f"micro-batches >= 1, got {defer_weight_gradients!r}")
         super().__init__(name=name or model.name)
         self.placement = placement
         self.num_micro_batches = int(num_micro_batches)
         self.schedule_name = schedule
+        self.defer_weight_gradients = defer_weight_gradients
         self.stage_model = self.partition.stages[placement.stage].model
         self.output_names = list(model.output_names)
         self._user = _Untracked(model)
@@ -367,11 +373,26 @@ class PipelinedModel(keras.Model):
 
     def _passes(self, mode: str) -> list[Pass]:
         if mode not in self._schedules:
-            self._schedules[mode] = (
-                make_schedule(self.schedule_name, self.num_micro_batches, self.placement.num_stages,
-                              self.placement.stage)
-                if mode == "train" else [Pass(FORWARD, m) for m in range(self.num_micro_batches)])
+            if mode != "train":
+                self._schedules[mode] = [Pass(FORWARD, m) for m in range(self.num_micro_batches)]
+            else:
+                passes = make_schedule(self.schedule_name, self.num_micro_batches, self.placement.num_stages,
+                                       self.placement.stage)
+                every = self._weight_pass_every()
+                if every and self.runner.defers_weight_gradients:
+                    passes = with_weight_passes(passes, every)
+                self._schedules[mode] = passes
         return self._schedules[mode]
+
+    def _weight_pass_every(self) -> int | None:
+        """Micro-batches per weight pass (Note [Deferred weight gradients] in weight_gradients.py); None:
+        each backward accumulates its own weight gradients. By default one weight pass after the last
+        backward: all of a step's micro-batches in one product per layer."""
+        if self.defer_weight_gradients is False:
+            return None
+        if self.defer_weight_gradients is True:
+            return self.num_micro_batches
+        return int(self.defer_weight_gradients)
 
     def _step_graph(self, mode, inputs, targets, weights, start, global_size: int, is_part: bool = False):
         """Traced: this rank's whole step (Note [The schedule inside one graph] in compiled_step.py)."""

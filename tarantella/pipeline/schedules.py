@@ -12,21 +12,27 @@ they differ in idle time and memory:
   (S-1)/(M+S-1) of the step for equal stage times.
 Backwards run in the order of their forwards, so each stage adds micro-batch
 gradients in the same order under both schedules.
+
+With deferred weight gradients (Note [Deferred weight gradients] in
+weight_gradients.py) a backward pass computes only the input gradients, and
+weight passes (WEIGHT) compute the weight gradients of the micro-batches
+whose backward ran since the previous weight pass (`with_weight_passes`).
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
 __all__ = ["Pass", "FORWARD", "BACKWARD", "gpipe", "one_f_one_b", "schedule", "SCHEDULES", "ideal_bubble_fraction",
-           "max_live_micro_batches", "check_micro_batches"]
+           "max_live_micro_batches", "check_micro_batches", "WEIGHT", "with_weight_passes"]
 
 FORWARD = "forward"
 BACKWARD = "backward"
+WEIGHT = "weight"      # the weight gradients of the backwards since the previous weight pass
 
 
 class Pass(NamedTuple):
-    kind: str          # FORWARD or BACKWARD
-    micro_batch: int
+    kind: str          # FORWARD, BACKWARD or WEIGHT
+    micro_batch: int   # WEIGHT: the last micro-batch whose weight gradients it computes
 
 
 def gpipe(num_micro_batches: int, num_stages: int, stage: int) -> list[Pass]:
@@ -56,15 +62,37 @@ def schedule(name: str, num_micro_batches: int, num_stages: int, stage: int) -> 
     return SCHEDULES[name](num_micro_batches, num_stages, stage)
 
 
+def with_weight_passes(passes: list[Pass], every: int) -> list[Pass]:
+    """`passes` with a weight pass after every `every`-th backward and after the last one."""
+    result, backwards = [], 0
+    last = max(i for i, p in enumerate(passes) if p.kind == BACKWARD) if passes else -1
+    for i, p in enumerate(passes):
+        result.append(p)
+        if p.kind == BACKWARD:
+            backwards += 1
+            if backwards % every == 0 or i == last:
+                result.append(Pass(WEIGHT, p.micro_batch))
+    return result
+
+
 def ideal_bubble_fraction(num_micro_batches: int, num_stages: int) -> float:
     return (num_stages - 1) / (num_micro_batches + num_stages - 1)
 
 
 def max_live_micro_batches(passes: list[Pass]) -> int:
-    """Most micro-batches whose forward is done and backward is not, at any point."""
-    live = peak = 0
+    """Most micro-batches whose forward is done and backward (with weight passes: weight pass) is not,
+    at any point."""
+    deferred = any(kind == WEIGHT for kind, _ in passes)
+    live = peak = waiting = 0
     for kind, _ in passes:
-        live += 1 if kind == FORWARD else -1
+        if kind == FORWARD:
+            live += 1
+        elif kind == BACKWARD and not deferred:
+            live -= 1
+        elif kind == BACKWARD:
+            waiting += 1
+        else:
+            live, waiting = live - waiting, 0
         peak = max(peak, live)
     return peak
 

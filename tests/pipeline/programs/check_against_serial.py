@@ -90,10 +90,14 @@ serial_weights = serial.get_weights()
 serial_eval = serial.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
 serial_pred = serial.predict(x, batch_size=BATCH, verbose=0)
 
-for schedule in ("1f1b", "gpipe"):
+# (schedule, defer_weight_gradients, name): deferred over the whole step (the default), per micro-batch in
+# the backward, and a weight pass every 2 micro-batches (Note [Deferred weight gradients]).
+for schedule, defer, name in (("1f1b", True, "1f1b"), ("1f1b", False, "1f1b without deferred weight gradients"),
+                              ("gpipe", 2, "gpipe")):
     # Through the public entry point: tnt.Model hands PIPELINING/ALL to tarantella.pipeline.
     strategy = tnt.ParallelStrategy.ALL if args.data_parallel else tnt.ParallelStrategy.PIPELINING
-    model = tnt.Model(build(args.stages), parallel_strategy=strategy, num_micro_batches=4, schedule=schedule)
+    model = tnt.Model(build(args.stages), parallel_strategy=strategy, num_micro_batches=4, schedule=schedule,
+                      defer_weight_gradients=defer)
     placement = model.placement
     assert placement.num_stages == args.stages and placement.num_replicas == size // args.stages
     whole_layers = len(model.whole_model.layers)
@@ -101,23 +105,26 @@ for schedule in ("1f1b", "gpipe"):
     compile_(model)
     losses, history = train(model)
     # The traced step ran the passes one at a time in schedule order (their timestamps say so), so the
-    # stage held at most S - stage (1F1B) or M (GPipe) micro-batches' activations.
+    # stage held at most S - stage (1F1B) or M (GPipe) micro-batches' activations; deferred weight
+    # gradients keep the layer inputs of the micro-batches until their weight pass (here: up to all 4).
     executed = sorted(train.trace.passes, key=lambda p: p[2])
     assert [(k, m) for k, m, _, _ in executed] == [tuple(p) for p in train.trace.schedule], executed
     assert all(a[3] <= b[2] for a, b in zip(executed, executed[1:])), "passes overlapped"
     live = max_live_micro_batches([Pass(k, m) for k, m, _, _ in executed])
-    assert live == (min(args.stages - placement.stage, 4) if schedule == "1f1b" else 4), (schedule, live)
-    close(f"{schedule} step losses", losses, serial_losses)
+    deferred = defer is not False and model.runner.defers_weight_gradients
+    assert deferred == any(k == "weight" for k, _ in train.trace.schedule), (name, train.trace.schedule)
+    assert live == (min(args.stages - placement.stage, 4) if schedule == "1f1b" and not deferred else 4), (name, live)
+    close(f"{name} step losses", losses, serial_losses)
     for key in serial_history:
-        close(f"{schedule} history {key}", history[key], serial_history[key])
-    close(f"{schedule} weights", model.get_weights(), serial_weights)
-    print(f"OK {schedule} training matches serial", flush=True)
+        close(f"{name} history {key}", history[key], serial_history[key])
+    close(f"{name} weights", model.get_weights(), serial_weights)
+    print(f"OK {name} training matches serial", flush=True)
     result = model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
     assert result.keys() == serial_eval.keys(), (result, serial_eval)
-    close(f"{schedule} evaluate", [result[k] for k in sorted(result)], [serial_eval[k] for k in sorted(result)])
+    close(f"{name} evaluate", [result[k] for k in sorted(result)], [serial_eval[k] for k in sorted(result)])
     prediction = model.predict(x, batch_size=BATCH, verbose=0)
-    close(f"{schedule} predict", prediction, serial_pred)
-    print(f"OK {schedule} evaluate and predict match serial", flush=True)
+    close(f"{name} predict", prediction, serial_pred)
+    print(f"OK {name} evaluate and predict match serial", flush=True)
 
 if args.save:
     path = os.path.join(args.save, "whole.keras")

@@ -1,0 +1,144 @@
+"""Deferred weight gradients: a stage's Dense layers compute their weight
+gradients once for several micro-batches instead of once per micro-batch.
+
+Note [Deferred weight gradients]
+A backward pass computes two things: the gradients of the stage's inputs (the
+next stage upstream waits for them) and the gradients of the stage's weights
+(nobody waits for them before the update). Accumulated per micro-batch, the
+weight gradients cost, besides their products, one pass over the stage's
+weights per micro-batch: each micro-batch's weight-sized gradient is written,
+then read again and added into the sum (memory-bound on a CPU; at small
+micro-batches it costs more than the products themselves). For a Dense layer
+y = act(x W + b) the sum over micro-batches is
+    dW = sum_m x_m^T dz_m = X^T dZ,   db = sum over the rows of dZ,
+with dz_m = dy_m * act'(z_m) and X, dZ the micro-batches' rows stacked: one
+product over all of them, no weight-sized adds. So, as zero-bubble pipelining's
+split of a backward into B and W (Qi et al. 2023), a stage's backward pass
+(B) computes only the input gradients and keeps each Dense layer's x_m and
+dz_m; a weight pass (W, schedules.with_weight_passes) computes X^T dZ for the
+micro-batches whose B passes ran since the last W pass. The B pass is then
+shorter, and so is the time the other stages wait for it.
+
+What it costs: x_m and dz_m of every micro-batch whose W pass has not run (a
+layer's input and output gradient, not the whole forward's activations).
+GPipe holds all micro-batches' activations anyway; 1F1B's bound on held
+micro-batches grows by the W pass's group (schedules.max_live_micro_batches
+counts them).
+
+Only plain keras.layers.Dense layers (not subclasses, not quantized, no LoRA,
+no mixed precision, 2-D inputs) are deferred; any other layer's weight
+gradients come from the tape in the B pass as before, and a deferred layer's
+variables also get whatever else the tape gives them (a kernel regularizer's
+gradient). During the traced forward the deferred layers' `call` is replaced
+on the instance (not the class) and restored after (`DeferredDense.recording`).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import keras
+import tensorflow as tf
+
+__all__ = ["DeferredDense", "deferrable_layers"]
+
+
+def _deferrable(layer) -> bool:
+    if type(layer) is not keras.layers.Dense or not layer.trainable or not layer.built:
+        return False
+    if getattr(layer, "quantization_mode", None) is not None or getattr(layer, "lora_enabled", False):
+        return False
+    if getattr(layer, "_remat_mode", False):
+        return False
+    kernel = layer._kernel
+    return kernel.trainable and layer.compute_dtype == kernel.dtype and kernel.dtype in ("float32", "float64")
+
+
+def deferrable_layers(model: keras.Model) -> list:
+    """The stage's Dense layers whose weight gradients can be deferred (module docstring)."""
+    return [layer for layer in model.layers if _deferrable(layer)]
+
+
+class DeferredDense:
+    """Records, for the deferred layers of one stage, each micro-batch's (x, dz) as its backward pass is
+    traced, and builds the weight passes from them."""
+
+    def __init__(self, model: keras.Model, variables: list):
+        self.layers = deferrable_layers(model)
+        index = {id(v): i for i, v in enumerate(variables)}
+        # Per layer: the positions of its kernel and bias in `variables` (None for no bias).
+        self._slots = [(index[id(layer._kernel)], index[id(layer.bias)] if layer.bias is not None else None)
+                       for layer in self.layers]
+        self._pending = [[] for _ in self.layers]     # per layer: (x, dz) of micro-batches not yet in a W pass
+
+    def __bool__(self) -> bool:
+        return bool(self.layers)
+
+    @contextlib.contextmanager
+    def recording(self):
+        """While tracing a forward pass under a tape: the deferred layers' weights get no gradient from the
+        tape; their backward records (x, dz) instead."""
+        for i, layer in enumerate(self.layers):
+            object.__setattr__(layer, "call", self._call_of(i, layer))
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                object.__delattr__(layer, "call")
+
+    def _call_of(self, i: int, layer):
+        pending = self._pending[i]
+
+        def call(inputs, training=None):
+            inputs = tf.convert_to_tensor(inputs)
+            if inputs.shape.rank != 2:
+                return keras.layers.Dense.call(layer, inputs, training=training)
+            kernel = tf.convert_to_tensor(layer._kernel.value)
+            bias = tf.convert_to_tensor(layer.bias.value) if layer.bias is not None else None
+            return _dense(inputs, kernel, bias, layer.activation, pending)
+
+        return call
+
+    def weight_pass(self, gradients: list) -> list:
+        """Traced: the weight gradients of the micro-batches recorded since the last weight pass, added into
+        `gradients` (a list by variable position, None where none yet); returns the new tensors."""
+        done = []
+        for (kernel, bias), pending in zip(self._slots, self._pending):
+            if not pending:
+                continue
+            x = tf.concat([p[0] for p in pending], 0) if len(pending) > 1 else pending[0][0]
+            dz = tf.concat([p[1] for p in pending], 0) if len(pending) > 1 else pending[0][1]
+            pending.clear()
+            parts = [(kernel, tf.matmul(x, dz, transpose_a=True))]
+            if bias is not None:
+                parts.append((bias, tf.reduce_sum(dz, 0)))
+            for slot, grad in parts:
+                gradients[slot] = grad if gradients[slot] is None else gradients[slot] + grad
+                done.append(gradients[slot])
+        return done
+
+
+def _dense(x, kernel, bias, activation, pending):
+    """y = activation(x kernel + bias) whose gradient gives x's and records (x, dz) for the weight pass."""
+
+    @tf.custom_gradient
+    def forward(x):
+        z = tf.matmul(x, kernel)
+        if bias is not None:
+            z = z + bias
+        if activation is None or activation is keras.activations.linear:
+            return z, lambda dy: _input_gradient(x, dy, kernel, pending)
+        with tf.GradientTape() as tape:
+            tape.watch(z)
+            y = activation(z)
+
+        def backward(dy):
+            return _input_gradient(x, tape.gradient(y, z, output_gradients=dy), kernel, pending)
+
+        return y, backward
+
+    return forward(x)
+
+
+def _input_gradient(x, dz, kernel, pending):
+    pending.append((x, dz))
+    return tf.matmul(dz, kernel, transpose_b=True)
