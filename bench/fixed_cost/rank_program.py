@@ -4,6 +4,13 @@ rank's figures.
 
     tarantella -n 2 -- bench/fixed_cost/rank_program.py --mode tnt --model mlp8x512 --micro-batch 128
     tarantella -n 2 -- bench/fixed_cost/rank_program.py --mode collectives --model mlp8x512 resnet50_small
+    tarantella -n 2 -- bench/fixed_cost/rank_program.py --mode paired --model mlp8x512 --pairs 6
+
+Mode `paired` times plain Keras and tnt.Model in ONE process per rank, their fits alternating
+(Keras, tnt, Keras, tnt, ...; each rank's Keras model trains on its own micro-batches with no
+exchange, both ranks at once): both see the same process, memory layout, cores and moment, so the
+per-pair ratio tnt / Keras is free of the launch-to-launch spread (several % on small models) that
+separate launches add to their difference.
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-MODES = ("keras", "tnt", "tnt_metrics_after", "collectives")
+MODES = ("keras", "tnt", "tnt_metrics_after", "collectives", "paired")
 
 
 def _parse(argv):
@@ -28,6 +35,7 @@ def _parse(argv):
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--repetitions", type=int, default=10, help="collectives: timed calls per figure")
+    parser.add_argument("--pairs", type=int, default=6, help="paired: Keras and tnt fits, alternating")
     return parser.parse_args(argv)
 
 
@@ -59,44 +67,89 @@ class _Ranks:
         return self._gather(value)
 
 
-def _train(args, ranks: _Ranks) -> dict:
-    tf = _threads()
+def _compiled(spec, mode: str):
+    """The model of `spec` (seeded), compiled alike for every mode; wrapped in tnt.Model unless mode is keras."""
     import keras
-
-    from bench.fixed_cost import models
-    from bench.programs.step_timer import StepTimer
-    spec = models.get(args.model[0])
     keras.utils.set_random_seed(1)
     model = spec.build()
-    parameters = int(sum(int(v.shape.num_elements()) for v in model.trainable_variables))
-    distributed = args.mode != "keras"
-    if distributed:
+    if mode != "keras":
         import tarantella as tnt
         model = tnt.Model(model)
-        model._metrics_ride = args.mode != "tnt_metrics_after"  # Note [Metric state rides with the gradients]
+        model._metrics_ride = mode != "tnt_metrics_after"  # Note [Metric state rides with the gradients]
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=1e-3, momentum=0.9),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
                   jit_compile=False)
-    # tnt.Model takes the global batch; plain Keras on every rank trains its own micro-batches.
+    return model
+
+
+def _fitter(spec, model, mode: str, args, ranks: _Ranks):
+    """fit(steps, callbacks): `steps` steps of the same micro-batch size on every rank. tnt.Model takes
+    the global batch; plain Keras on every rank trains its own micro-batches."""
+    distributed = mode != "keras"
     batch = args.micro_batch * (ranks.size if distributed else 1)
 
     def fit(steps, callbacks=()):
         x, y = spec.data(batch * steps, seed=1 + ranks.rank * (not distributed))
         model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=list(callbacks))
 
-    fit(args.warmup_steps)  # traces the step, warms caches
-    ranks.barrier()         # both ranks' timed steps start together
+    return fit
+
+
+def _timed_fit(fit, steps: int, ranks: _Ranks) -> list[float]:
+    """Every step's seconds of one fit of `steps` steps, begun by all ranks together."""
+    from bench.programs.step_timer import StepTimer
+    ranks.barrier()  # both ranks' timed steps start together
     timer = StepTimer()
-    fit(args.steps, [timer])
-    times = ranks.gather(timer.step_times)
-    reducer = ranks.gather(_last_step_reduction(model))
-    return {"model": spec.name, "reducer_last_step": reducer, "micro_batch": args.micro_batch, "global_batch": args.micro_batch * ranks.size,
-            "parameters": parameters, "gradient_bytes": 4 * parameters,
-            "step_times_s": times[0], "rank_step_times_s": times,
-            "median_step_s": statistics.median(times[0]),
-            "rank_median_step_s": [statistics.median(t) for t in times],
+    fit(steps, [timer])
+    return timer.step_times
+
+
+def _description(spec, model, ranks: _Ranks) -> dict:
+    import keras
+    import tensorflow as tf
+    parameters = int(sum(int(v.shape.num_elements()) for v in model.trainable_variables))
+    return {"model": spec.name, "parameters": parameters, "gradient_bytes": 4 * parameters,
             "threads_per_rank": tf.config.threading.get_intra_op_parallelism_threads(),
             "versions": {"tensorflow": tf.__version__, "keras": keras.__version__}}
+
+
+def _train(args, ranks: _Ranks) -> dict:
+    _threads()
+    from bench.fixed_cost import models
+    spec = models.get(args.model[0])
+    model = _compiled(spec, args.mode)
+    fit = _fitter(spec, model, args.mode, args, ranks)
+    fit(args.warmup_steps)  # traces the step, warms caches
+    times = ranks.gather(_timed_fit(fit, args.steps, ranks))
+    reducer = ranks.gather(_last_step_reduction(model))
+    return {**_description(spec, model, ranks), "reducer_last_step": reducer, "micro_batch": args.micro_batch,
+            "global_batch": args.micro_batch * ranks.size,
+            "step_times_s": times[0], "rank_step_times_s": times,
+            "median_step_s": statistics.median(times[0]),
+            "rank_median_step_s": [statistics.median(t) for t in times]}
+
+
+def _paired(args, ranks: _Ranks) -> dict:
+    """Plain Keras and tnt.Model in this one process, their fits alternating `--pairs` times (see the
+    module's docstring); per pair and rank, each one's median step."""
+    _threads()
+    from bench.fixed_cost import models
+    spec = models.get(args.model[0])
+    fits = {}
+    for mode in ("keras", "tnt"):
+        model = _compiled(spec, mode)
+        fits[mode] = (model, _fitter(spec, model, mode, args, ranks))
+        fits[mode][1](args.warmup_steps)  # traces the step, warms caches
+    pairs = []
+    for _ in range(args.pairs):
+        pair = {}
+        for mode, (_, fit) in fits.items():
+            pair[mode] = statistics.median(_timed_fit(fit, args.steps, ranks))
+        pairs.append(pair)
+    every_rank = ranks.gather(pairs)  # [rank][pair] -> {"keras": s, "tnt": s}
+    reducer = ranks.gather(_last_step_reduction(fits["tnt"][0]))
+    return {**_description(spec, fits["tnt"][0], ranks), "micro_batch": args.micro_batch,
+            "global_batch": args.micro_batch * ranks.size, "rank_pairs": every_rank, "reducer_last_step": reducer}
 
 
 def _last_step_reduction(model) -> dict | None:
@@ -183,7 +236,8 @@ def _collectives(args, ranks: _Ranks) -> dict:
 def main(argv=None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     ranks = _Ranks(use_tarantella=args.mode != "keras")
-    result = _collectives(args, ranks) if args.mode == "collectives" else _train(args, ranks)
+    run = {"collectives": _collectives, "paired": _paired}.get(args.mode, _train)
+    result = run(args, ranks)
     if ranks.rank == 0:
         from bench.programs.result_line import format_result_line
         print(format_result_line({"mode": args.mode, "ranks": ranks.size, **result}), flush=True)

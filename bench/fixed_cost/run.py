@@ -19,6 +19,8 @@ PROGRAM = os.path.join(REPO_ROOT, "bench", "fixed_cost", "rank_program.py")
 DEFAULT_MODELS = ["mlp8x512:128", "mlp8x512:32", "digits_mlp:32", "resnet50_small:16"]
 TRAIN_CONFIGS = (("keras", 1), ("tnt", 1), ("keras", 2), ("tnt", 2))
 OPTIONAL_CONFIGS = (("tnt_metrics_after", 2),)
+# Keras and tnt.Model alternating in one process per rank (rank_program.py, mode paired): the goals' figures
+PAIRED_CONFIGS = (("paired", 1), ("paired", 2))
 # Steps per launch: enough timed time per run (about a second or more) without making ResNet-50 slow.
 DEFAULT_STEPS = {"resnet50_small": (6, 3)}
 SMALL_MODEL_STEPS = (60, 10)
@@ -32,9 +34,10 @@ def _parse(argv):
     parser.add_argument("--steps", type=int, default=None, help="timed steps per launch (default: 60; ResNet-50 6)")
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: 10; ResNet-50 3")
     parser.add_argument("--repetitions", type=int, default=10, help="timed calls per collective figure")
+    parser.add_argument("--pairs", type=int, default=6, help="paired launches: Keras and tnt fits, alternating")
     parser.add_argument("--configs", nargs="+", default=None, metavar="MODE:RANKS",
-                        help="keep only these (from keras:1 tnt:1 keras:2 tnt:2 tnt_metrics_after:2 "
-                             "collectives:2); default all but tnt_metrics_after:2")
+                        help="keep only these (from keras:1 tnt:1 keras:2 tnt:2 paired:1 paired:2 "
+                             "tnt_metrics_after:2 collectives:2); default all but tnt_metrics_after:2")
     parser.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "fixed_cost"))
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per launch")
     return parser.parse_args(argv)
@@ -53,9 +56,9 @@ def _model_list(specs) -> list[tuple[str, int]]:
 
 
 def _configs(wanted):
-    every = TRAIN_CONFIGS + OPTIONAL_CONFIGS + (("collectives", 2),)
+    every = TRAIN_CONFIGS + PAIRED_CONFIGS + OPTIONAL_CONFIGS + (("collectives", 2),)
     if not wanted:
-        return TRAIN_CONFIGS + (("collectives", 2),)
+        return TRAIN_CONFIGS + PAIRED_CONFIGS + (("collectives", 2),)
     known = {f"{mode}:{ranks}" for mode, ranks in every}
     unknown = [name for name in wanted if name not in known]
     if unknown:
@@ -101,6 +104,8 @@ def main(argv=None) -> int:
                                     "--repetitions", str(args.repetitions)]
                     if micro is not None:
                         program_args += ["--micro-batch", str(micro)]
+                    if mode == "paired":
+                        program_args += ["--pairs", str(args.pairs)]
                     row = _launch(program_args, ranks, args)
                     row["repeat"] = repeat
                     rows.append(row)

@@ -49,4 +49,29 @@ def test_bad_model_and_config_names_are_one_line_errors():
         run._model_list(["mlp8x512"])
     with pytest.raises(SystemExit, match="unknown --configs"):
         run._configs(["tnt:3"])
-    assert run._configs(None) == run.TRAIN_CONFIGS + (("collectives", 2),)
+    assert run._configs(None) == run.TRAIN_CONFIGS + run.PAIRED_CONFIGS + (("collectives", 2),)
+
+
+def _paired(model, micro, ranks, pairs):
+    """pairs: [(keras_s, tnt_s)] alike on every rank."""
+    return {"mode": "paired", "ranks": ranks, "model": model, "micro_batch": micro, "seconds": 1.0,
+            "load_average_1m": 0.1, "rank_pairs": [[{"keras": k, "tnt": t} for k, t in pairs] for _ in range(ranks)],
+            "reducer_last_step": [None] * ranks}
+
+
+def test_paired_runs_give_the_goals_per_pair():
+    rows = [_train("mlp8x512", 32, "keras", 1, 0.0100), _train("mlp8x512", 32, "tnt", 1, 0.0110),  # +10% apart
+            _paired("mlp8x512", 32, 1, [(0.0100, 0.0101), (0.0120, 0.0122), (0.0100, 0.0099)]),
+            _paired("mlp8x512", 32, 2, [(0.0050, 0.0062), (0.0060, 0.0071), (0.0055, 0.0064)]),
+            _collectives("mlp8x512", 8_404_992, 0.0010, 0.0015, 0.0005)]
+    goals = report.summarize(rows)["goals"]["mlp8x512:32"]
+    assert goals["measured_by"] == {"one_rank": "paired", "two_ranks": "paired"}
+    assert goals["one_rank_overhead"] == pytest.approx(0.01)  # per-pair ratios 1.01, 1.0167, 0.99: median
+    assert goals["separate_launches"]["one_rank_overhead"] == pytest.approx(0.1)
+    assert goals["one_rank_goal_met"] is True
+    assert goals["added_over_no_exchange_s"] == pytest.approx(0.0011)  # per pair 1.2, 1.1, 0.9 ms
+    assert goals["two_rank_goal_met"] is True
+    text = report.markdown(report.summarize(rows))
+    assert "+1.0% met (paired)" in text and "1.10 ms (paired)" in text
+    assert "| mlp8x512:32 | 3 | 10.00 ms | 10.10 ms | +1.0% | 3 | 5.50 ms | 6.40 ms | 1.10 ms |" in text
+    assert "paired x2" in report.one_line(rows[3])
