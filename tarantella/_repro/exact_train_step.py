@@ -75,7 +75,10 @@ def train_step(model, data, virtual_batches: int):
             scaled = model.optimizer.scale_loss(loss * share)
         per_batch_gradients.append(tf_steps.dense_gradients(tape.gradient(scaled, variables), variables))
         model.loss_tracker.update_state(loss, sample_weight=piece)
-        results = model.compute_metrics(x_i, y_i, y_pred, sample_weight=w_i)
+        # Each piece only updates this rank's metric state: the metrics are reduced once per
+        # step, after the last piece (one collective per step, as every rank makes it once).
+        with model.local_metric_results():
+            model.compute_metrics(x_i, y_i, y_pred, sample_weight=w_i)
     local_sum = exact_reduction.tree_sum_lists(per_batch_gradients)
     model.optimizer.apply(model.reduce_gradients(local_sum, variables), variables)
-    return results
+    return model.get_metrics_result()

@@ -149,17 +149,19 @@ def test_wrap_checks_a_plain_keras_script_distributed(tmp_path):
 @pytest.mark.multirank
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
 def test_cnn_example_is_bitwise_identical_in_exact_mode(tmp_path):
+    # 4 virtual micro-batches on 2 ranks: each rank runs 2 pieces per step (their metric state is
+    # reduced once per step).
     code, stdout, stderr, report = check(tmp_path, EXAMPLE_CNN, "--devices", "2", "--steps", "3",
-                                         "--mode", "exact", "--no-as-written")
+                                         "--mode", "exact", "--virtual-batches", "4", "--no-as-written")
     assert code == 0, stdout + stderr
     found = verdicts_of(report)
     assert found["serial vs 2 devices"]["verdict"] == "IDENTICAL"
     assert found["serial vs 2 devices"]["compared"]["ranks"] == [0, 1]
-    assert report["options"]["virtual_batches"] == 2
+    assert report["options"]["virtual_batches"] == 4
     # The exact serial reference against the production train step's serial run, both shown.
     production = found["exact serial vs production serial"]
     assert production["verdict"] in ("IDENTICAL", "EQUIVALENT") and production["compared"]["steps"] == 4
-    assert "exact mode's train step (2 virtual micro-batches" in report["reference"]
+    assert "exact mode's train step (4 virtual micro-batches" in report["reference"]
     assert "one plain Python process" in report["reference"]
     runs = {run["name"]: run for run in report["runs"]}
     assert "TNT_EXACT_VIRTUAL_BATCHES" not in runs["serial (production)"]["env"]
