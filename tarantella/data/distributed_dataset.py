@@ -19,7 +19,7 @@ import tensorflow as tf
 from tarantella.data import batching, order_check
 
 __all__ = ["DATA", "GLOBAL_SIZE", "FIRST_INDEX", "is_distributed_element", "rank_range", "rank_start_count",
-           "sliced_for_rank", "from_arrays", "class_weights_as_sample_weights"]
+           "as_distributed_element", "sliced_for_rank", "from_arrays", "class_weights_as_sample_weights"]
 
 DATA = "tnt_data"
 GLOBAL_SIZE = "tnt_global_size"
@@ -71,6 +71,18 @@ def sliced_for_rank(dataset: tf.data.Dataset, size: int, rank: int, fingerprint=
 
     start = fingerprint.start() if fingerprint is not None else tf.constant(0, tf.int64)
     return dataset.scan((tf.constant(0, tf.int64), tf.constant(0, tf.int64), start), take_part)
+
+
+def as_distributed_element(offset, micro_batch, *, size: int, rank: int, total: int | None):
+    """In a tf.data scan from offset 0: a micro-batch, given as `(data, global batch size)` (or `data` alone
+    with `total`, the global batch size when every batch is full), as a distributed element. Positions count
+    global batches in the order they finally come out (after a batch-level shuffle)."""
+    if total is None:
+        data, total = micro_batch
+    else:
+        data, total = micro_batch, tf.constant(total, tf.int64)
+    start, _ = rank_start_count(total, size, rank)
+    return offset + total, {DATA: data, GLOBAL_SIZE: total, FIRST_INDEX: offset + start}
 
 
 def from_arrays(arrays, batch_size: int, shuffle: bool, seed: int, size: int, rank: int) -> tf.data.Dataset:

@@ -158,7 +158,8 @@ def for_rank(dataset: tf.data.Dataset, the_plan: Plan, size: int, rank: int,
     for link in the_plan.after:
         result = graph.reapply(link, result, suffix)
     result = result.scan(tf.constant(0, tf.int64), functools.partial(
-        _as_distributed_element, size=size, rank=rank, total=the_plan.global_batch if full else None))
+        distributed_dataset.as_distributed_element, size=size, rank=rank,
+        total=the_plan.global_batch if full else None))
     cardinality = int(dataset.cardinality())
     if cardinality >= 0:  # Keras's progress bar and step count see the user's count
         result = result.apply(tf.data.experimental.assert_cardinality(cardinality))
@@ -219,15 +220,3 @@ def _as_micro_batch(data, facts):
     """Cut the placeholder sample of an empty micro-batch away."""
     count = tf.where(tf.equal(facts[0, 1], 1), 0, tf.shape(facts)[0])
     return tf.nest.map_structure(lambda tensor: tensor[:count], data), facts[0, 0]
-
-
-def _as_distributed_element(offset, micro_batch, *, size: int, rank: int, total: int | None):
-    """Positions count global batches in the order they finally come out (after a batch-level shuffle).
-    `total`: the global batch size when every batch is full (the elements are then the micro-batches alone)."""
-    if total is None:
-        data, total = micro_batch
-    else:
-        data, total = micro_batch, tf.constant(total, tf.int64)
-    start, _ = distributed_dataset.rank_start_count(total, size, rank)
-    return offset + total, {distributed_dataset.DATA: data, distributed_dataset.GLOBAL_SIZE: total,
-                            distributed_dataset.FIRST_INDEX: offset + start}

@@ -14,7 +14,9 @@ in Keras:
   times the rank count): the same, as `dataset.batch(micro_batch_size * N)`;
 - numpy arrays, lists/tuples/dicts of arrays, with `batch_size` (the global
   batch size, default 32 as in Keras): each step gathers only the rank's rows;
-- a keras.utils.PyDataset or a Python generator of batches (python_input.py);
+- a keras.utils.PyDataset (each rank reads about 1/N of its batches, Note
+  [Reading a PyDataset per rank] in python_input.py) or a Python generator of
+  batches (read in full on every rank, with one note on the master);
 - a stream already distributed (`distribute_datasets_from_function`, or a
   second call on distribute's own output): passed through.
 The order of the pipeline's samples must be the same on every rank: unseeded
@@ -44,8 +46,10 @@ def _as_arrays(value):
 
 
 def distribute(x, y=None, sample_weight=None, *, batch_size=None, micro_batch_size=None, shuffle=False,
-               seed=0, class_weight=None, size: int, rank: int, what: str = "batch_size") -> tf.data.Dataset:
-    """This rank's micro-batches of the user's data (see tarantella.data.distributed_dataset)."""
+               seed=0, class_weight=None, size: int, rank: int, what: str = "batch_size",
+               for_predict: bool = False) -> tf.data.Dataset:
+    """This rank's micro-batches of the user's data (see tarantella.data.distributed_dataset). `for_predict`:
+    the input of predict (a PyDataset's epoch callbacks then run as Keras's predict runs them)."""
     if isinstance(x, tf.data.Dataset) and distributed_dataset.is_distributed_element(x.element_spec):
         return x
     python_kind = ("keras.utils.PyDataset" if python_input.is_py_dataset(x)
@@ -64,11 +68,13 @@ def distribute(x, y=None, sample_weight=None, *, batch_size=None, micro_batch_si
             raise ValueError(f"tarantella: `{what}` cannot be used with a {python_kind or 'tf.data.Dataset'} (as in "
                              f"Keras): batch the input with the global batch size"
                              + ("" if python_kind else ", or pass it unbatched with tnt_micro_batch_size"))
+        if python_input.is_py_dataset(x):
+            if size > 1:  # each rank reads about 1/N of the batches (Note [Reading a PyDataset per rank])
+                return python_input.py_dataset_for_rank(x, shuffle, seed, size, rank, keras_reset=not for_predict)
+            return _sliced(python_input.from_py_dataset(x, shuffle, seed, keras_reset=not for_predict), size, rank)
         if python_kind:
-            rank_pipeline.warn_on_master(rank, python_input.NOTE.format(kind=python_kind))
-            batches = (python_input.from_py_dataset(x, shuffle, seed) if python_input.is_py_dataset(x)
-                       else python_input.from_generator(x))
-            return _sliced(batches, size, rank)
+            rank_pipeline.warn_on_master(rank, python_input.GENERATOR_NOTE)
+            return _sliced(python_input.from_generator(x), size, rank)
         if micro_batch_size is not None:
             if micro_batch_size < 1:
                 raise ValueError(f"tarantella: tnt_micro_batch_size must be at least 1, got {micro_batch_size}")

@@ -391,7 +391,8 @@ class Model(keras.Model):
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None, tnt_micro_batch_size=None):
         """As keras.Model.predict: every rank predicts its part, every rank returns all predictions in input order."""
-        data = self._distribute(x, None, None, batch_size=batch_size, micro_batch_size=tnt_micro_batch_size)
+        data = self._distribute(x, None, None, batch_size=batch_size, micro_batch_size=tnt_micro_batch_size,
+                                for_predict=True)
         self._prepare(data)
         predictions, positions = super().predict(data, verbose=rank_callbacks.verbosity_for_this_rank(verbose),
                                                  steps=steps,
@@ -404,10 +405,10 @@ class Model(keras.Model):
         return tf.nest.map_structure(lambda *pieces: np.concatenate(pieces)[order], *[part[0] for part in parts])
 
     def _distribute(self, x, y, sample_weight, *, batch_size, micro_batch_size, shuffle=False, seed=0,
-                    class_weight=None, what="batch_size"):
+                    class_weight=None, what="batch_size", for_predict=False):
         return user_input.distribute(x, y, sample_weight, batch_size=batch_size, micro_batch_size=micro_batch_size,
                                      shuffle=shuffle, seed=seed, class_weight=class_weight, size=self.world_size,
-                                     rank=runtime.get_rank(), what=what)
+                                     rank=runtime.get_rank(), what=what, for_predict=for_predict)
 
     def _prepare(self, dataset: tf.data.Dataset) -> None:
         """Build the model (from one micro-batch) if needed, then give every rank the master's weights."""

@@ -13,6 +13,11 @@ TIMEOUT = 400
 N, BATCH, EPOCHS = 96, 12, 2  # as in the program
 
 
+def shares(batches: int, n: int, rank: int) -> int:
+    """Batches rank `rank` reads of an epoch of `batches`: kN+rank of each group of n."""
+    return len(range(rank, batches, n))
+
+
 @pytest.mark.multirank
 @pytest.mark.timeout(TIMEOUT + 30)
 @pytest.mark.parametrize("n", [1, 2])
@@ -30,13 +35,22 @@ def test_every_input_kind_reads_its_share_and_trains_as_serial(n):
         assert values["stream_maps"] == N // n  # exactly this rank's samples, once
         assert values["evaluate"] == pytest.approx(values["serial_evaluate"], rel=TOLERANCE)
         assert values["predict"] < 1e-5
-    for values in found["py_dataset"].values():
+    # A PyDataset: rank r reads batch kN+r of each group of N (the master also peeks at one batch, once).
+    batches = N // BATCH
+    for rank, values in found["py_dataset"].items():
         assert values["weights"] <= TOLERANCE
-        assert values["calls"] >= EPOCHS * (N // BATCH)  # a PyDataset's unit is the global batch: every rank
-    for kind in ("threads", "processes"):  # fetched by the workers (one call in the main thread: the peek)
-        for values in found["py_dataset_" + kind].values():
-            assert values["weights"] <= TOLERANCE and values["calls"] == EPOCHS * (N // BATCH) + 1, values
-            assert values["main_thread_calls" if kind == "threads" else "main_process_calls"] == 1, values
+        assert values["calls"] == EPOCHS * shares(batches, n, rank) + (rank == 0), (rank, values)
+    for rank, values in found["py_dataset_own_shuffle"].items():  # 9 batches, the last of 1 sample
+        assert values["weights"] <= TOLERANCE and values["all_once"], (rank, values)
+        assert values["calls"] == EPOCHS * shares(9, n, rank) + (rank == 0), (rank, values)
+        assert values["ended"] == EPOCHS + 1, values  # as Keras: once before the first epoch, then after each
+        assert values["evaluate"] == pytest.approx(values["serial_evaluate"], rel=TOLERANCE)
+        assert values["predict"] < 1e-5
+    for kind in ("threads", "processes"):  # fetched by the workers (one call in the master's main thread: the peek)
+        for rank, values in found["py_dataset_" + kind].items():
+            assert values["weights"] <= TOLERANCE, values
+            assert values["calls"] == EPOCHS * shares(batches, n, rank) + (rank == 0), (rank, values)
+            assert values["main_thread_calls" if kind == "threads" else "main_process_calls"] == (rank == 0), values
     for values in found["generator"].values():
         assert values["weights"] <= TOLERANCE
     for values in found["from_function"].values():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tarantella.data import distributed_dataset as dd, user_input
+from tarantella.data import distributed_dataset as dd, python_input, user_input
 from tarantella.pipeline import data as pipeline_data
 
 X = np.arange(30 * 2, dtype=np.float32).reshape(30, 2)
@@ -34,22 +34,39 @@ def side_by_side(make, size):
 
 
 @pytest.mark.parametrize("size", [1, 3])
-def test_py_dataset_and_generator_give_their_batches_in_parts(size):
+def test_a_generator_gives_its_batches_in_parts(size):
     expected = [Batches()[i] for i in range(4)]
-    for make in (lambda rank: user_input.distribute(Batches(), size=size, rank=rank),
-                 lambda rank: user_input.distribute((b for b in expected), size=size, rank=rank)):
-        for got, want in zip(side_by_side(make, size), expected):
-            np.testing.assert_array_equal(got[0], want[0])
-            np.testing.assert_array_equal(got[1], want[1])
+    make = lambda rank: user_input.distribute((b for b in expected), size=size, rank=rank)  # noqa: E731
+    for got, want in zip(side_by_side(make, size), expected):
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
 
 
-def test_py_dataset_shuffle_is_the_same_on_every_rank_and_ends_epochs():
+@pytest.mark.parametrize("per_rank", [False, True])
+def test_a_py_dataset_gives_its_batches_shuffled_the_same_way_and_ends_epochs(per_rank):
+    # per_rank: the N-rank path (read, cut, exchanged all-to-all) on a job of one rank.
     data = Batches()
-    stream = user_input.distribute(data, shuffle=True, seed=3, size=2, rank=0)
-    first = [e[dd.DATA][1].numpy()[0] for e in stream]
-    second = [e[dd.DATA][1].numpy()[0] for e in user_input.distribute(Batches(), shuffle=True, seed=3, size=2, rank=1)]
-    assert sorted(first) == [0, 8, 16, 24] and [f // 8 for f in first] == [s // 8 for s in second]
-    assert data.epochs_ended == 1
+    stream = (python_input.py_dataset_for_rank(data, True, 3, 1, 0) if per_rank
+              else user_input.distribute(data, shuffle=True, seed=3, size=1, rank=0))
+    for _ in range(2):  # two passes: two epochs, each a permutation of the batches
+        got = [tf.nest.map_structure(lambda t: t.numpy(), e) for e in stream]
+        assert sorted(int(e[dd.DATA][1][0]) for e in got) == [0, 8, 16, 24]
+        sizes = [len(e[dd.DATA][1]) for e in got]
+        assert [int(e[dd.FIRST_INDEX]) for e in got] == list(np.cumsum([0] + sizes[:-1]))
+        for e in got:
+            np.testing.assert_array_equal(e[dd.DATA][0], X[e[dd.DATA][1]])
+    assert data.epochs_ended == 3  # as Keras: once before the first epoch, then after each
+
+
+def test_a_global_batch_is_cut_into_the_ranks_micro_batches():
+    batch = ({"a": X[:5], "b": Y[:5]}, Y[:5] * 2, np.ones(5, np.float32))
+    signature = python_input._signature(batch)
+    pieces = python_input._cut(batch, 3, signature)
+    assert [len(leaves[0]) for leaves, _ in pieces] == [2, 2, 1] and all(int(total) == 5 for _, total in pieces)
+    for leaf, *parts in zip(tf.nest.flatten(batch), *[leaves for leaves, _ in pieces]):
+        np.testing.assert_array_equal(np.concatenate(parts), leaf)
+    small = python_input._cut(tf.nest.map_structure(lambda a: a[:1], batch), 3, signature)
+    assert [len(leaves[0]) for leaves, _ in small] == [1, 0, 0]  # empty micro-batches for the last ranks
 
 
 @pytest.mark.parametrize("bad,message", [

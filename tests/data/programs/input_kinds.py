@@ -103,7 +103,8 @@ _, _, values = fit_both(unbatched, distributed={"tnt_micro_batch_size": 3})
 report("unbatched_micro_batches", **values)
 
 
-# 3. keras.utils.PyDataset: every rank builds the global batch (its unit), training equal to serial.
+# 3. keras.utils.PyDataset: each rank reads about 1/N of the batches (batch kN+r of each group of N), the
+# micro-batches exchanged all-to-all; training equal to serial.
 class Batches(keras.utils.PyDataset):
     def __init__(self):
         super().__init__()
@@ -125,6 +126,59 @@ batches = Batches()
 distributed.fit(batches, epochs=EPOCHS, shuffle=False, verbose=0)
 report("py_dataset", weights=relative_difference(serial.get_weights(), distributed.get_weights()),
        calls=batches.calls)
+
+
+# 3a. A PyDataset of dicts with sample weights, shuffling its own samples in on_epoch_end (seeded), 9 batches
+# (a last group of fewer batches than ranks at 2 ranks) the last of 1 sample (an empty micro-batch): fit,
+# evaluate and predict equal to serial; each sample of an epoch exactly once; reads counted per rank.
+class OwnShuffle(keras.utils.PyDataset):
+    COUNT, LAST = 9, 1
+
+    def __init__(self):
+        super().__init__()
+        self.calls, self.seen, self.ended = 0, [], 0
+        self.rng = np.random.default_rng(11)
+        self.order = np.arange((self.COUNT - 1) * BATCH + self.LAST)
+
+    def __len__(self):
+        return self.COUNT
+
+    def __getitem__(self, index):
+        self.calls += 1
+        ids = self.order[index * BATCH:(index + 1) * BATCH].copy()  # the order is shuffled in place
+        self.seen.append(ids)
+        x = np.sin(ids[:, None].astype(np.float32) * np.arange(1.0, 9.0, dtype=np.float32) * np.float32(0.37))
+        return {"features": x}, ids % 3, (1.0 + (ids % 4)).astype(np.float32)
+
+    def on_epoch_end(self):
+        self.ended += 1
+        self.rng.shuffle(self.order)
+
+
+def dict_model(wrap):
+    keras.utils.set_random_seed(5)
+    inputs = {"features": keras.Input((8,), name="features")}
+    outputs = keras.layers.Dense(3)(keras.layers.Dense(16, activation="relu")(inputs["features"]))
+    model = wrap(keras.Model(inputs, outputs))
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.5),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), weighted_metrics=["accuracy"],
+                  jit_compile=False)
+    return model
+
+
+serial, distributed = dict_model(lambda m: m), dict_model(tnt.Model)
+serial.fit(OwnShuffle(), epochs=EPOCHS, shuffle=False, verbose=0)
+own = OwnShuffle()
+distributed.fit(own, epochs=EPOCHS, shuffle=False, verbose=0)
+# Every sample of each epoch read once over all ranks, plus the master's peek at the first batch (ids 0..11).
+read = np.concatenate([ids for rank_seen in tnt.allgather_object(own.seen) for ids in rank_seen])
+report("py_dataset_own_shuffle", weights=relative_difference(serial.get_weights(), distributed.get_weights()),
+       calls=own.calls, ended=own.ended,
+       all_once=sorted(read.tolist()) == sorted(list(range(len(own.order))) * EPOCHS + list(range(BATCH))),
+       evaluate=[float(v) for v in distributed.evaluate(OwnShuffle(), verbose=0)],
+       serial_evaluate=[float(v) for v in serial.evaluate(OwnShuffle(), verbose=0)],
+       predict=float(np.max(np.abs(distributed.predict(OwnShuffle(), verbose=0)
+                                   - serial.predict(OwnShuffle(), verbose=0)))))
 
 
 # 3b. A PyDataset with workers: threads, and forked processes (numpy only in __getitem__, as Keras asks of
