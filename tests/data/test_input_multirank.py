@@ -46,6 +46,8 @@ def test_every_input_kind_reads_its_share_and_trains_as_serial(n):
         assert values["ended"] == EPOCHS + 1, values  # as Keras: once before the first epoch, then after each
         assert values["evaluate"] == pytest.approx(values["serial_evaluate"], rel=TOLERANCE)
         assert values["predict"] < 1e-5
+    for rank, values in found["py_dataset_partial_passes"].items():  # 6 of 8 batches used: groups 0..2 read
+        assert values["finished"] and (values["calls"] == shares(6, n, rank) + (rank == 0) or n == 1), values
     for kind in ("threads", "processes"):  # fetched by the workers (one call in the master's main thread: the peek)
         for rank, values in found["py_dataset_" + kind].items():
             assert values["weights"] <= TOLERANCE, values

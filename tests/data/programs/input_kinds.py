@@ -181,6 +181,20 @@ report("py_dataset_own_shuffle", weights=relative_difference(serial.get_weights(
                                    - serial.predict(OwnShuffle(), verbose=0)))))
 
 
+# 3c. Streams left part-way (steps_per_epoch, evaluate/predict steps, stop_training): the ranks exchange
+# exactly as far as the steps consumed (no read-ahead past the exchange), so nothing waits for a peer.
+_, distributed = model_pair()
+partial = Batches()
+distributed.fit(partial, epochs=2, steps_per_epoch=3, validation_data=Batches(), shuffle=False, verbose=0)
+partial_calls = partial.calls
+distributed.evaluate(Batches(), steps=3, verbose=0)
+distributed.predict(Batches(), steps=1, verbose=0)
+stop = keras.callbacks.LambdaCallback(
+    on_train_batch_end=lambda batch, logs: setattr(distributed, "stop_training", batch == 2))
+distributed.fit(Batches(), epochs=3, callbacks=[stop], verbose=0)
+report("py_dataset_partial_passes", calls=partial_calls, finished=True)
+
+
 # 3b. A PyDataset with workers: threads, and forked processes (numpy only in __getitem__, as Keras asks of
 # its worker processes); each call notes its process and thread in a file.
 class WorkerBatches(keras.utils.PyDataset):
