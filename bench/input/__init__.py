@@ -13,6 +13,10 @@ for every rank count (strong scaling of the input). Modes, each at every rank co
                batch (what AutoShardPolicy.DATA does; through tnt.distribute_datasets_from_function):
                scales, but its global batches are not serial's
   keras        plain Keras 3 fit, 1 rank only
+  py_dataset   the same work in a keras.utils.PyDataset (__getitem__ decodes a global batch, 2 worker
+               threads): each rank reads batch kN+r of each group of N, the micro-batches exchanged
+               all-to-all (Note [Reading a PyDataset per rank] in tarantella/data/python_input.py)
+  py_replicated  that PyDataset read in full on every rank and sliced (the previous behaviour)
 Per run and rank: samples decoded per epoch (a counter in the map), the epoch time
 (median of the epochs after the first), input throughput per rank (decoded samples/s)
 and global training throughput (samples/s). Rows: results/input/runs.csv and runs.json with

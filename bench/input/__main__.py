@@ -12,7 +12,7 @@ import time
 from bench.launched_run import LaunchTimedOut, run_launched
 from tarantella._provenance import describe_machine, describe_software, describe_source
 
-MODES = ("keras", "tnt", "replicated", "shard")
+MODES = ("keras", "tnt", "replicated", "shard", "py_dataset", "py_replicated")
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

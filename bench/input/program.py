@@ -14,7 +14,7 @@ import tensorflow as tf  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
 from bench.input import workload  # noqa: E402
-from tarantella.data import distributed_dataset  # noqa: E402
+from tarantella.data import distributed_dataset, python_input  # noqa: E402
 from tarantella.data.from_function import distribute_datasets_from_function  # noqa: E402
 
 
@@ -49,6 +49,11 @@ def main(mode: str, samples: int, global_batch: int, epochs: int) -> None:
         elif mode == "replicated":
             data = distributed_dataset.sliced_for_rank(
                 workload.user_pipeline(jpegs, labels, global_batch, counter), size, rank)
+        elif mode == "py_dataset":  # read per rank: rank r reads batch kN+r of each group of N, then exchanged
+            data = workload.JpegBatches(jpegs.astype(bytes), labels, global_batch, counter)
+        elif mode == "py_replicated":  # the previous behaviour: every rank reads every batch and slices its part
+            data = distributed_dataset.sliced_for_rank(python_input.from_py_dataset(
+                workload.JpegBatches(jpegs.astype(bytes), labels, global_batch, counter), True, 0), size, rank)
         elif mode == "shard":
             data = distribute_datasets_from_function(
                 lambda context: workload.sharded_pipeline(jpegs, labels, global_batch, counter, context))

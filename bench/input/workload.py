@@ -1,10 +1,12 @@
 """The benchmark's data and pipelines: synthetic JPEGs, decoded and augmented per sample."""
 from __future__ import annotations
 
+import keras
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["IMAGE", "CROP", "CLASSES", "synthetic_jpegs", "decode_and_augment", "user_pipeline", "sharded_pipeline"]
+__all__ = ["IMAGE", "CROP", "CLASSES", "synthetic_jpegs", "decode_and_augment", "user_pipeline", "sharded_pipeline",
+           "JpegBatches"]
 
 IMAGE, CROP, CLASSES = 96, 80, 10
 
@@ -45,3 +47,21 @@ def sharded_pipeline(jpegs, labels, global_batch: int, counter: tf.Variable, con
             .map(decode_and_augment(counter), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             .batch(context.get_per_replica_batch_size(global_batch), drop_remainder=True)
             .prefetch(tf.data.AUTOTUNE))
+
+
+class JpegBatches(keras.utils.PyDataset):
+    """What a Keras user writes instead of tf.data: a PyDataset whose __getitem__ decodes and augments one global
+    batch, sample by sample (the same work as the map, run eagerly), with worker threads as Keras offers."""
+
+    def __init__(self, jpegs, labels, global_batch: int, counter: tf.Variable, workers: int = 2):
+        super().__init__(workers=workers)
+        self.jpegs, self.labels, self.global_batch = jpegs, labels, global_batch
+        self.work = decode_and_augment(counter)
+
+    def __len__(self):
+        return len(self.labels) // self.global_batch
+
+    def __getitem__(self, index):
+        rows = range(index * self.global_batch, (index + 1) * self.global_batch)
+        images = [self.work(tf.constant(self.jpegs[row]), self.labels[row])[0].numpy() for row in rows]
+        return np.stack(images), self.labels[rows.start:rows.stop]
