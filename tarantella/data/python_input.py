@@ -27,9 +27,14 @@ has read its last batch, and once before the first pass of fit and evaluate
 (as Keras resets its data; not of predict). Both run on every rank, so a
 PyDataset that shuffles its own samples there stays in step on all ranks if it
 does so with a seed, the same on every rank (e.g. `np.random.default_rng(seed)`
-kept in the dataset). No rank reads another's batches, so a per-rank order
-(an unseeded shuffle) cannot be detected here: the order check (order_check.py)
-covers tf.data pipelines and generators only.
+kept in the dataset). No rank reads another's batches, so the batches cannot be
+compared (the order check of order_check.py covers tf.data and generators);
+instead every rank's epoch callbacks run at the same point of the stream, and
+if one draws from numpy's or Python's global random generator while their
+states differ between ranks (unseeded, or moved on differently by
+augmentations in `__getitem__`, which each rank runs on other batches), every
+rank stops with an error naming the fix. A generator of the dataset's own that
+is unseeded cannot be seen.
 
 A generator can only give its next global batch (it cannot skip), so every
 rank builds every global batch and keeps its part (one note on the master says
@@ -50,13 +55,16 @@ import concurrent.futures
 import functools
 import itertools
 import multiprocessing
+import pickle
+import random
+import zlib
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tarantella import collectives, runtime
-from tarantella.data import batch_exchange, batching, distributed_dataset
+from tarantella.data import batch_exchange, batching, distributed_dataset, order_check
 
 __all__ = ["is_py_dataset", "is_generator", "from_py_dataset", "py_dataset_for_rank", "from_generator",
            "GENERATOR_NOTE"]
@@ -92,32 +100,42 @@ def _signature(batch):
     return tf.nest.map_structure(spec, batch)
 
 
-def _epoch_order(count: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
-    order = np.arange(count)
-    if shuffle:
-        np.random.default_rng([seed, epoch]).shuffle(order)
-    return [int(index) for index in order]
-
-
-def _length(py_dataset: keras.utils.PyDataset) -> int:
-    count = py_dataset.num_batches
-    if count is None:
-        raise ValueError("tarantella: a PyDataset without __len__ (num_batches None) is not supported yet; give it "
-                         "a length, or wrap an infinite source in a generator with steps_per_epoch")
-    return count
-
-
-def _epochs(py_dataset: keras.utils.PyDataset, count: int, shuffle: bool, seed: int, keras_reset: bool):
+def _epochs(py_dataset: keras.utils.PyDataset, count: int, shuffle: bool, seed: int, keras_reset: bool,
+            call=lambda callback: callback()):
     """Each pass's batch order; calls the dataset's on_epoch_begin (and before the first pass, with
-    `keras_reset`, on_epoch_end: Keras's fit and evaluate reset their data that way before the first epoch)."""
+    `keras_reset`, on_epoch_end: Keras's fit and evaluate reset their data that way before the first epoch),
+    each through `call`."""
     for epoch in itertools.count():
         if epoch == 0 and keras_reset:
-            py_dataset.on_epoch_end()
+            call(py_dataset.on_epoch_end)
         order = np.arange(count)
         if shuffle:
             np.random.default_rng([seed, epoch]).shuffle(order)
-        py_dataset.on_epoch_begin()
+        call(py_dataset.on_epoch_begin)
         yield [int(index) for index in order]
+
+
+def _global_random_state() -> int:
+    """A digest of Python's and numpy's global random generators (what an unseeded `np.random.shuffle` or
+    `random.shuffle` in a PyDataset's epoch callback draws from)."""
+    return zlib.crc32(pickle.dumps((random.getstate(), np.random.get_state())))
+
+
+def _called_in_step(callback, size: int) -> None:
+    """Collective (every rank at the same point of its stream): run a PyDataset's epoch callback; if it drew
+    from the global random generators on some rank and their states differ between ranks, every rank raises
+    (Note [Reading a PyDataset per rank]: each batch is read by one rank only, so orders drawn differently
+    would lose and repeat samples)."""
+    before = _global_random_state()
+    callback()
+    drew = _global_random_state() != before
+    views = batch_exchange.exchange([(before, drew)] * size)
+    if any(drew for _, drew in views) and len({state for state, _ in views}) > 1:
+        raise order_check.OrderMismatchError(
+            f"tarantella: the PyDataset's {callback.__name__}() draws from numpy's or Python's global random "
+            f"generator, whose state differs between ranks, so the ranks would read batches of different orders "
+            f"and samples would be lost and repeated; shuffle with a generator of the dataset's own, seeded the "
+            f"same on every rank (self.rng = np.random.default_rng(42); self.rng.shuffle(...))")
 
 
 def _length(py_dataset: keras.utils.PyDataset) -> int:
@@ -155,7 +173,8 @@ def py_dataset_for_rank(py_dataset: keras.utils.PyDataset, shuffle: bool, seed: 
     master = runtime.get_master_rank()
     signature = collectives.broadcast_object(_signature(_standardize(py_dataset[0])) if rank == master else None,
                                              root=master)
-    epochs = _epochs(py_dataset, count, shuffle, seed, keras_reset)
+    call = functools.partial(_called_in_step, size=size)
+    epochs = _epochs(py_dataset, count, shuffle, seed, keras_reset, call)
 
     def micro_batches():
         order = next(epochs)
@@ -166,7 +185,7 @@ def py_dataset_for_rank(py_dataset: keras.utils.PyDataset, shuffle: bool, seed: 
                 own = _standardize(next(fetched)) if rank < readers else None
                 received = batch_exchange.exchange(_cut(own, size, signature))
                 if first + size >= count:  # every batch of the pass is read
-                    py_dataset.on_epoch_end()
+                    call(py_dataset.on_epoch_end)
                 for data, total in received[:readers]:
                     yield tf.nest.pack_sequence_as(signature, data), total
         finally:

@@ -62,6 +62,8 @@ def test_every_input_kind_reads_its_share_and_trains_as_serial(n):
                      "order_mismatch_last_batch_differs", "order_mismatch_per_rank_generator"):
             for values in found[kind].values():
                 assert values["raised"] and "same seed on all ranks" in values["message"], (kind, values)
+        for values in found["order_mismatch_py_dataset_global_random"].values():
+            assert values["raised"] and "global random generator" in values["message"], values
         for values in found["unseeded_shuffle"].values():
             assert values["raised"] and "unseeded Dataset.shuffle()" in values["message"]
     # One warning line, on the master only, for the PyDataset and the generator inputs.

@@ -275,6 +275,19 @@ if SIZE > 1:
             report("order_mismatch_" + kind, raised=False, message="")
         except order_check.OrderMismatchError as error:
             report("order_mismatch_" + kind, raised=True, message=str(error))
+    # A PyDataset shuffling itself with numpy's global generator, seeded differently per rank.
+    class GlobalShuffle(Batches):
+        def on_epoch_end(self):
+            np.random.shuffle(self.order)
+
+        order = np.arange(N // BATCH)
+
+    np.random.seed(100 + RANK)
+    try:
+        model_pair()[1].fit(GlobalShuffle(), epochs=1, shuffle=False, verbose=0)
+        report("order_mismatch_py_dataset_global_random", raised=False, message="")
+    except Exception as error:  # raised in the input pipeline: TensorFlow wraps it in its own error type
+        report("order_mismatch_py_dataset_global_random", raised=True, message=str(error)[-600:])
     try:
         distributed = model_pair()[1]
         tf.random.set_seed(None)  # model_pair seeded TensorFlow: a global seed makes an op-seedless shuffle seeded
