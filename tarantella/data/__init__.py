@@ -7,7 +7,9 @@ rank_pipeline        a batched tf.data pipeline rewritten so that each rank maps
                      (Note [Rewriting the user's pipeline]); the plan, or why it falls back
 dataset_graph        the links of a tf.data pipeline read from its Python objects, re-applied elsewhere
 distributed_dataset  the stream's element format; slicing of global batches read in full; arrays
-python_input         keras.utils.PyDataset and generators as tf.data pipelines of global batches
+python_input         keras.utils.PyDataset read per rank (batch kN+r of each group of N, Note [Reading a
+                     PyDataset per rank]); generators read in full
+batch_exchange       the all-to-all exchange of micro-batches between ranks (the engine's alltoallv)
 from_function        distribute_datasets_from_function: each rank builds its own pipeline (file sharding)
 order_check          the ranks must agree on the sample order: a rolling fingerprint of every batch, compared
 batching             the arithmetic only (no TensorFlow): micro-batch sizes and offsets

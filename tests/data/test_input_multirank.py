@@ -24,6 +24,8 @@ def shares(batches: int, n: int, rank: int) -> int:
 def test_every_input_kind_reads_its_share_and_trains_as_serial(n):
     run = run_ranks(n, PROGRAM, timeout=TIMEOUT, env={"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}).check()
     found = results(run, n)
+    for values in found["alltoall"].values():
+        assert values["exact"] == [True] * n and "give one block (possibly empty) per rank" in values["refused"]
     for check in ("batched_dataset", "unbatched_micro_batches"):
         for rank, values in found[check].items():
             assert values["weights"] <= TOLERANCE, (check, rank, values)

@@ -65,6 +65,19 @@ def fit_both(make_input, **fit_args):
                                      serial_maps=serial_count, rank_maps=int(counter.numpy()))
 
 
+# 0. The engine's all-to-all (the PyDataset exchange's data plane): blocks of every size, empty ones included.
+from tarantella import _engine, collectives  # noqa: E402
+
+received = _engine.alltoall_bytes([bytes([RANK]) * (RANK * 3 + s) for s in range(SIZE)], collectives._handle(None))
+try:
+    _engine.alltoall_bytes([b""] * (SIZE + 1), collectives._handle(None))
+    refused = ""
+except ValueError as error:
+    refused = str(error)
+report("alltoall", exact=[bytes(block) == bytes([j]) * (j * 3 + RANK) for j, block in enumerate(received)],
+       refused=refused)
+
+
 # 1. Batched tf.data: seeded shuffle, parallel deterministic map, batch, prefetch.
 def batched(counter, serial):
     return tf.data.Dataset.range(N).shuffle(N, seed=7).map(counted(counter), num_parallel_calls=2,
