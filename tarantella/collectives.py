@@ -5,8 +5,9 @@ with arrays of the same size and dtype (allgather and the object variants
 excepted); otherwise every rank raises tnt.MismatchError or, after
 TNT_TIMEOUT_SECONDS, a TimeoutError naming the ranks not heard from. An
 allreduce checks the ranks' calls alongside its data exchange when the group
-spans nodes (no extra round trip): a mismatch found there has moved data, so
-it also fails the group (below).
+spans nodes (no extra round trip; with one rank per node the call rides in the
+messages' tags, no extra message either): a mismatch found there has moved
+data, so it also fails the group (below).
 
 After a timeout or an MPI error the group has failed, together with every
 group split from the same world: each later collective raises

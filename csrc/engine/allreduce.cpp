@@ -113,7 +113,21 @@ void Allreducer::run_resolved(const AllreduceCall& call, Algorithm algorithm, bo
   // Note [Checking calls alongside the data]: what must not start before the check.
   const bool check_first = group_->on_one_node() || chosen == Algorithm::mpi ||
                            (chosen == Algorithm::hierarchical && !hierarchical_);
+  if (checks_by_tags()) {
+    call_check_->run_tagged(call, algorithm, check_first, [&](int tag) {
+      AllreduceCall tagged = call;
+      tagged.tag = tag;
+      run_algorithm(tagged, chosen);
+    });
+    return;
+  }
   call_check_->run(call, algorithm, check_first, [&] { run_algorithm(call, chosen); });
+}
+
+bool Allreducer::checks_by_tags() const {
+  // Where `auto` is flat across nodes: the same on every rank, whatever each asks for.
+  const ProcessGroup& g = *group_;
+  return !g.on_one_node() && !(g.equal_ranks_per_node() && g.local_size() > 1);
 }
 
 void Allreducer::run_algorithm(const AllreduceCall& call, Algorithm chosen) {

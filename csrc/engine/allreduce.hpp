@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "dtype.hpp"
+#include "exchange.hpp"
 #include "process_group.hpp"
 
 namespace tnt {
@@ -61,6 +62,9 @@ struct AllreduceCall {
   std::size_t count;
   DType dtype;
   ReduceOp op;
+  // The tag of the call's point-to-point messages (Note [Calls checked by
+  // their message tags]).
+  int tag = kExchangeTag;
 };
 
 // Runs allreduces on its own duplicate of a group (Note [One communicator per
@@ -86,6 +90,8 @@ class Allreducer {
   void run_resolved(const AllreduceCall& call, Algorithm algorithm, bool verified);
   // The flat or hierarchical algorithm `chosen`, without any check.
   void run_algorithm(const AllreduceCall& call, Algorithm chosen);
+  // Note [Calls checked by their message tags]: whether this group's calls are.
+  bool checks_by_tags() const;
   std::unique_ptr<ProcessGroup> group_;
   std::unique_ptr<AllreduceCallCheck> call_check_;        // made on first use; after group_, which it uses
   std::unique_ptr<SharedMemoryAllreduce> shared_memory_;  // made on first use (collective)

@@ -11,8 +11,6 @@
 namespace tnt {
 
 namespace {
-constexpr int kExchangeTag = 7001;
-
 // Note [A receive never truncates]: receives a message of the wrong size into
 // a buffer of its own, kept until exit, and fails the exchange.
 [[noreturn]] void refuse(ProcessGroup& group, MPI_Message& message, int bytes, std::size_t expected, int source,
@@ -31,11 +29,11 @@ constexpr int kExchangeTag = 7001;
 }  // namespace
 
 void exchange(ProcessGroup& group, const void* send, std::size_t send_bytes, int destination, void* receive,
-              std::size_t receive_bytes, int source, const char* what) {
+              std::size_t receive_bytes, int source, int tag, const char* what) {
   MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // send, receive
   const int expected = checked_count(receive_bytes);
   if (destination >= 0) {
-    TNT_MPI(MPI_Isend(send, checked_count(send_bytes), MPI_BYTE, destination, kExchangeTag, group.comm(),
+    TNT_MPI(MPI_Isend(send, checked_count(send_bytes), MPI_BYTE, destination, tag, group.comm(),
                       &requests[0]));
   }
   bool matched = source < 0;
@@ -45,7 +43,7 @@ void exchange(ProcessGroup& group, const void* send, std::size_t send_bytes, int
           int found = 0;
           MPI_Message message = MPI_MESSAGE_NULL;
           MPI_Status status;
-          TNT_MPI(MPI_Improbe(source, kExchangeTag, group.comm(), &found, &message, &status));
+          TNT_MPI(MPI_Improbe(source, tag, group.comm(), &found, &message, &status));
           if (found) {
             int bytes = 0;
             TNT_MPI(MPI_Get_count(&status, MPI_BYTE, &bytes));

@@ -20,9 +20,14 @@
 
 namespace tnt {
 
+// The tag of the engine's point-to-point messages unless a call says otherwise
+// (Note [Calls checked by their message tags] gives each call its own).
+constexpr int kExchangeTag = 7001;
+
 // Sends `send_bytes` to `destination` and receives exactly `receive_bytes`
-// from `source` at once (either side may be 0 bytes or rank -1 to skip it).
+// from `source` at once (either side may be 0 bytes or rank -1 to skip it),
+// both with message tag `tag`.
 void exchange(ProcessGroup& group, const void* send, std::size_t send_bytes, int destination, void* receive,
-              std::size_t receive_bytes, int source, const char* what);
+              std::size_t receive_bytes, int source, int tag, const char* what);
 
 }  // namespace tnt

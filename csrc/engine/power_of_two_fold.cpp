@@ -21,10 +21,10 @@ void fold_in(ProcessGroup& group, const Fold& fold, const AllreduceCall& call, s
   if (r >= 2 * fold.remainder) return;
   const std::size_t bytes = call.count * element_size(call.dtype);
   if (r % 2 == 0) {
-    exchange(group, call.out, bytes, r + 1, nullptr, 0, -1, "allreduce (fold to a power of two)");
+    exchange(group, call.out, bytes, r + 1, nullptr, 0, -1, call.tag, "allreduce (fold to a power of two)");
   } else {
     scratch.resize(bytes);
-    exchange(group, nullptr, 0, -1, scratch.data(), bytes, r - 1, "allreduce (fold to a power of two)");
+    exchange(group, nullptr, 0, -1, scratch.data(), bytes, r - 1, call.tag, "allreduce (fold to a power of two)");
     reduce_into(call.out, scratch.data(), call.count, call.dtype, call.op);
   }
 }
@@ -34,9 +34,9 @@ void fold_out(ProcessGroup& group, const Fold& fold, const AllreduceCall& call) 
   if (r >= 2 * fold.remainder) return;
   const std::size_t bytes = call.count * element_size(call.dtype);
   if (r % 2 == 1) {
-    exchange(group, call.out, bytes, r - 1, nullptr, 0, -1, "allreduce (unfold)");
+    exchange(group, call.out, bytes, r - 1, nullptr, 0, -1, call.tag, "allreduce (unfold)");
   } else {
-    exchange(group, nullptr, 0, -1, call.out, bytes, r + 1, "allreduce (unfold)");
+    exchange(group, nullptr, 0, -1, call.out, bytes, r + 1, call.tag, "allreduce (unfold)");
   }
 }
 

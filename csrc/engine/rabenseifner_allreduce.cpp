@@ -48,7 +48,7 @@ void rabenseifner_allreduce(ProcessGroup& group, const AllreduceCall& call, std:
       const Range keep = keep_upper ? upper : lower;
       const Range give = keep_upper ? lower : upper;
       exchange(group, current + give.offset * elem, give.length * elem, partner, scratch.data(), keep.length * elem,
-               partner, "Rabenseifner allreduce (reduce-scatter)");
+               partner, call.tag, "Rabenseifner allreduce (reduce-scatter)");
       combine_into(out + keep.offset * elem, current + keep.offset * elem, scratch.data(), keep.length, call.dtype,
                    call.op);
       current = out;
@@ -64,7 +64,7 @@ void rabenseifner_allreduce(ProcessGroup& group, const AllreduceCall& call, std:
       const Range upper{whole.offset + lower.length, whole.length - lower.length};
       const Range missing = have_upper ? lower : upper;
       exchange(group, out + mine.offset * elem, mine.length * elem, partner, out + missing.offset * elem,
-               missing.length * elem, partner, "Rabenseifner allreduce (allgather)");
+               missing.length * elem, partner, call.tag, "Rabenseifner allreduce (allgather)");
       mine = whole;
     }
   }

@@ -24,14 +24,14 @@ void ring_allreduce(ProcessGroup& group, const AllreduceCall& call, std::vector<
     const Range send = chunk(r - step);
     const Range receive = chunk(r - step - 1);
     exchange(group, out + send.offset * elem, send.length * elem, right, scratch.data(), receive.length * elem, left,
-             "ring allreduce (reduce-scatter)");
+             call.tag, "ring allreduce (reduce-scatter)");
     reduce_into(out + receive.offset * elem, scratch.data(), receive.length, call.dtype, call.op);
   }
   for (int step = 0; step < p - 1; ++step) {
     const Range send = chunk(r + 1 - step);
     const Range receive = chunk(r - step);
     exchange(group, out + send.offset * elem, send.length * elem, right, out + receive.offset * elem,
-             receive.length * elem, left, "ring allreduce (allgather)");
+             receive.length * elem, left, call.tag, "ring allreduce (allgather)");
   }
 }
 

@@ -1,6 +1,7 @@
 """A mismatched allreduce across hosts of a namespace cluster (tests/cluster/netns_fixture.py)
 gives every rank a clear MismatchError, never a hang: the per-call check runs alongside the
-data exchange there (Note [Checking calls alongside the data] in csrc/engine/allreduce_call_check.hpp).
+data exchange there (Note [Checking calls alongside the data] in csrc/engine/allreduce_call_check.hpp),
+with one rank per host through the messages' tags (Note [Calls checked by their message tags]).
 The collective timeout is set far beyond the test's own, so only a prompt error passes.
 """
 from __future__ import annotations
@@ -21,6 +22,12 @@ CHECKS = {
                       "count mismatch alongside hierarchical data", "refused after the mismatch"],
     (2, 2, "algorithm"): ["calls alike are right", "algorithm mismatch alongside the data",
                           "refused after the mismatch"],
+    # One rank per host: calls are checked by their message tags (Note [Calls checked by their
+    # message tags]); ranks whose partners never send learn of the mismatch from a notice.
+    (4, 1, "algorithm"): ["calls alike are right", "algorithm mismatch alongside the data",
+                          "refused after the mismatch"],
+    (3, 1, "count"): ["calls alike are right", "count mismatch before MPI's allreduce",
+                      "count mismatch alongside the data", "refused after the mismatch"],
 }
 
 

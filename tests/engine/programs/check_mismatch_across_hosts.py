@@ -2,8 +2,8 @@
 clear MismatchError, promptly, never a hang or a silent wrong result
 (Note [Checking calls alongside the data] in csrc/engine/allreduce_call_check.hpp).
 
-    check_mismatch_across_hosts.py count DIR       (2 hosts x 1 rank, or 2 hosts x 2 ranks)
-    check_mismatch_across_hosts.py algorithm DIR   (2 hosts x 2 ranks: partners that never send)
+    check_mismatch_across_hosts.py count DIR       (2 or 3 hosts x 1 rank, or 2 hosts x 2 ranks)
+    check_mismatch_across_hosts.py algorithm DIR   (2 x 2 or 4 x 1: partners that never send)
 
 Run with a timeout (TNT_TIMEOUT_SECONDS) longer than the test's own: a mismatch
 found only by timing out fails the test. Prints "OK <name>" per check, then
