@@ -100,18 +100,26 @@ class GraphAllreducer:
         return (len(tensors) == len(self.shapes)
                 and all(t.shape == s and t.dtype == d for t, s, d in zip(tensors, self.shapes, self.dtypes)))
 
-    def __call__(self, tensors: list[tf.Tensor], overlap: bool = True) -> list[tf.Tensor]:
+    def __call__(self, tensors: list[tf.Tensor], overlap: bool = True, last: int = 0) -> list[tf.Tensor]:
         """The element-wise sums over all ranks, in the registration order. Builds graph ops:
-        call it while tracing. overlap=False starts no allreduce before every tensor exists."""
+        call it while tracing. overlap=False starts no allreduce before every tensor exists.
+        last: the last `last` tensors are handed over only once every other tensor exists (Note [Metric
+        state rides with the gradients] in metric_reduction.py)."""
         if not self.matches(tensors):
             raise ValueError("tarantella: the tensors to reduce differ from the ones registered: "
                              f"{[(t.shape, t.dtype.name) for t in tensors]} vs "
                              f"{[(s, d.name) for s, d in zip(self.shapes, self.dtypes)]}")
         reducer = self._reducer.id
+        first = len(tensors) - last if last else len(tensors)
+
+        def start(index, tensor):
+            return unchained(self._ops.tnt_start_allreduce(tensor, reducer=reducer, tensor=index))
+
         # Note [Start and finish ops are not chained]
         with contextlib.nullcontext() if overlap else tf.control_dependencies(tensors):
-            tokens = [unchained(self._ops.tnt_start_allreduce(tensor, reducer=reducer, tensor=index))
-                      for index, tensor in enumerate(tensors)]
+            tokens = [start(index, tensor) for index, tensor in enumerate(tensors[:first])]
+        with tf.control_dependencies(tensors[:first]):
+            tokens += [start(first + index, tensor) for index, tensor in enumerate(tensors[first:])]
         return [unchained(self._ops.tnt_finish_allreduce(token, T=dtype, shape=shape, reducer=reducer, tensor=index))
                 for index, (token, dtype, shape) in enumerate(zip(tokens, self.dtypes, self.shapes))]
 

@@ -15,8 +15,13 @@ after the gradients', on every step. The state is known once the forward pass
 and the metric updates ran, long before backprop ends, so tnt.Model's train
 step appends it to the gradient reducer's tensors (`RidingAllreducer`): it
 fills the last bucket(s), reduced right behind the last gradients with no
-second synchronisation. The sums are the same element-wise sums of the same
-values (results stay exact). Evaluation has no gradients and keeps its own
+second synchronisation. The state's start ops wait (control edges) for every
+gradient: buckets are reduced in the order they were queued (Note [Buckets are
+reduced in an agreed order] in csrc/engine/fused_reducer.hpp), and a state
+handed over right after the forward pass would put its bucket first, where
+the progress thread waits for the slower peer's state from the start of
+backprop, holding every gradient bucket behind it. The sums are the same
+element-wise sums of the same values (results stay exact). Evaluation has no gradients and keeps its own
 metric reduction; the timeline shows the metric buckets of the gradient
 reducer on its metrics track (`metric_buckets`).
 """
@@ -73,6 +78,8 @@ class RidingAllreducer:
     GraphAllreducer it asks for reduces `tensors` followed by `state`; after the call, `summed_state`
     holds the state's sums. Used while tracing one train step."""
 
+    state_last = True  # the state is handed over once every gradient exists (False: as soon as it exists)
+
     def __init__(self, allreducer_for, state):
         self._allreducer_for = allreducer_for
         self._state = list(state)
@@ -83,7 +90,8 @@ class RidingAllreducer:
         allreducer = self._allreducer_for(list(tensors) + self._state)
 
         def reduce(tensors, overlap: bool = True):
-            summed = allreducer(list(tensors) + self._state, overlap=overlap)
+            summed = allreducer(list(tensors) + self._state, overlap=overlap,
+                                last=len(self._state) if self.state_last else 0)
             self.summed_state = summed[len(tensors):]
             return summed[:len(tensors)]
 

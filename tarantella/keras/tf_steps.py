@@ -56,8 +56,10 @@ def train_step(model, data):
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
         loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-        share = tf.cast(local_size, loss.dtype) / tf.cast(global_size, loss.dtype)  # Note [Loss of the global batch]
-        scaled = graph_marks.mark(model.optimizer.scale_loss(loss * share), graph_marks.LOSS)  # timeline only
+        # Note [Loss of the global batch]; a single rank's share is exactly 1 (plain Keras's step)
+        weighted = loss if model.world_size == 1 else \
+            loss * (tf.cast(local_size, loss.dtype) / tf.cast(global_size, loss.dtype))
+        scaled = graph_marks.mark(model.optimizer.scale_loss(weighted), graph_marks.LOSS)  # timeline only
     variables = model.trainable_variables
     gradients = tape.gradient(scaled, variables)
     # The metrics are updated before the update of the weights (they need y_pred only), so that
