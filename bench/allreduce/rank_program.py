@@ -6,8 +6,11 @@ hits all of them alike. Rank 0 prints one JSON line per (size, implementation).
         [--layout 2x2 --link-devices tntXv0,tntXv1 --counters-pid PID]
 
 With --link-devices (the root-namespace ends of each host's link on a
-namespace cluster, in host order) rank 0 also measures the bytes each host sent
-over its link per allreduce: it reads /sys/class/net/DEV/statistics/rx_bytes as
+namespace cluster, in host order) rank 0 also measures the bytes and packets
+each host sent over its link per allreduce (packets count the messages and
+their protocol turns, which the machine's load hardly changes below 1 MiB,
+unlike the times; larger messages' TCP segments vary with timing): it
+reads /sys/class/net/DEV/statistics/rx_bytes and rx_packets as
 the root namespace sees it, through the root directory of a process there
 (/proc/PID/root/sys/..., --counters-pid, the driver: a rank's own /sys shows
 only its namespace's devices), around a few calls bracketed by barriers, minus
@@ -23,7 +26,8 @@ import numpy as np
 import tarantella as tnt  # starts MPI with MPI_THREAD_MULTIPLE before mpi4py does
 
 ENGINE_ALGORITHMS = ("auto", "shared_memory", "hierarchical", "ring", "recursive_doubling", "rabenseifner", "mpi")
-LINK_CALLS = 3  # calls per link-bytes measurement
+LINK_CALLS = 3  # calls per link-bytes measurement from 1 MiB up
+LINK_CALLS_SMALL = 20  # below: packets vary by a few (acknowledgements) from call to call
 
 
 def parse_args(argv=None):
@@ -54,12 +58,14 @@ def concurrent_copy_seconds(nbytes):
 
 
 class LinkCounters:
-    """Bytes each host sent: the receive counter of its link's root-namespace end."""
+    """Bytes and packets each host sent: the receive counters of its link's root-namespace end."""
 
     def __init__(self, devices, pid):
-        self.paths = [f"/proc/{pid}/root/sys/class/net/{device}/statistics/rx_bytes" for device in devices]
+        self.paths = [f"/proc/{pid}/root/sys/class/net/{device}/statistics/rx_{kind}"
+                      for kind in ("bytes", "packets") for device in devices]
 
     def sent(self):
+        """Bytes of each host, then packets of each host."""
         counts = []
         for path in self.paths:
             with open(path) as handle:
@@ -67,7 +73,7 @@ class LinkCounters:
         return np.array(counts, dtype=np.int64)
 
     def per_call(self, call, calls=LINK_CALLS):
-        """Bytes each host sent per call, less the bracketing barriers' own traffic."""
+        """Bytes, then packets, each host sent per call, less the bracketing barriers' own traffic."""
         def window(body):
             tnt.barrier()
             before = self.sent() if tnt.get_rank() == 0 else None
@@ -113,7 +119,8 @@ def main(argv=None):
         for _ in range(args.rounds):
             for name, call in calls.items():
                 samples[name].append(timed_calls(call, repetitions[name]))
-        link = {name: counters.per_call(call) for name, call in calls.items()} if counters else {}
+        link_calls = LINK_CALLS if nbytes >= 1 << 20 else LINK_CALLS_SMALL
+        link = {name: counters.per_call(call, link_calls) for name, call in calls.items()} if counters else {}
         copy_seconds = concurrent_copy_seconds(nbytes) if nbytes >= 1 << 20 else None
         if rank == 0:
             for name, times in samples.items():
@@ -123,10 +130,12 @@ def main(argv=None):
                        "auto_choice": group.choose_algorithm(nbytes), "concurrent_memcpy_s": copy_seconds,
                        "load_average_1min": os.getloadavg()[0]}
                 if counters:
-                    sent = link[name]
+                    sent, packets = np.split(link[name], 2)
                     row.update(link_bytes_per_host=[float(b) for b in sent],
                                link_bytes_max_host=float(sent.max()),
-                               link_bytes_minimum=2 * (hosts - 1) / hosts * nbytes)
+                               link_bytes_minimum=2 * (hosts - 1) / hosts * nbytes,
+                               link_packets_per_host=[float(p) for p in packets],
+                               link_packets_max_host=float(packets.max()))
                 print(json.dumps(row), flush=True)
 
 

@@ -28,6 +28,15 @@ def derive(rows: list[dict]) -> pd.DataFrame:
     # bandwidth-optimal 2(H-1)/H x size (namespace-cluster runs only).
     if "link_bytes_minimum" in frame:
         frame["link_bytes_vs_minimum"] = frame["link_bytes_max_host"] / frame["link_bytes_minimum"]
+    # Packets the busiest host sent per allreduce against MPI_Allreduce's: the
+    # per-message cost, which (unlike the times) the machine's load hardly
+    # changes below 1 MiB (larger messages' TCP segments vary with timing).
+    if "link_packets_max_host" in frame:
+        packets = frame[frame["implementation"] == "mpi4py_MPI_Allreduce"].set_index(
+            ["layout", "bytes"])["link_packets_max_host"]
+        frame["link_packets_vs_mpi"] = [t / packets[(lay, b)] if packets[(lay, b)] > 0 else float("nan")
+                                        for lay, b, t in zip(frame["layout"], frame["bytes"],
+                                                             frame["link_packets_max_host"])]
     # The memory bound of a 2-rank allreduce of private buffers: copy in,
     # reduce and copy out move about three buffers' worth per rank, at the
     # rate one memcpy reaches while every rank copies at once.
@@ -50,6 +59,7 @@ def write(frame: pd.DataFrame, meta: dict, directory: str) -> list[str]:
                          "fraction_of_memory_bound": (None if pd.isna(r.fraction_of_memory_bound)
                                                       else round(float(r.fraction_of_memory_bound), 3)),
                          "link_bytes_vs_minimum": _rounded(getattr(r, "link_bytes_vs_minimum", None)),
+                         "link_packets_vs_mpi": _rounded(getattr(r, "link_packets_vs_mpi", None)),
                          "load_average_1min": _rounded(getattr(r, "load_average_1min", None)),
                          # Is `auto`'s table right here? The fastest algorithm asked for by name, and
                          # how much faster it was than auto (1.0: auto picked it or ran as fast).

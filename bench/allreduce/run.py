@@ -8,7 +8,8 @@ write results/allreduce/{allreduce.csv,summary.json,allreduce_<layout>.png|svg}.
 with R ranks each (bench/cluster, brought up and always removed again), and
 adds the bytes each host sent over its link per allreduce, read from the
 counters of the link's root-namespace end, against the minimum 2(H-1)/H x size
-of a bandwidth-optimal allreduce. Every row records the 1-minute load average:
+of a bandwidth-optimal allreduce, and the packets against MPI_Allreduce's (the
+per-message cost, which the machine's load hardly changes below 1 MiB). Every row records the 1-minute load average:
 on a machine with fewer cores than ranks the figures mean little.
 """
 from __future__ import annotations

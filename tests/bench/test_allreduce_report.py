@@ -8,13 +8,15 @@ from bench.allreduce import report
 from bench.allreduce.run import parse_layouts
 
 
-def row(layout, implementation, nbytes, seconds, sent=None, hosts=2):
+def row(layout, implementation, nbytes, seconds, sent=None, hosts=2, packets=None):
     values = {"layout": layout, "ranks": 4, "hosts": hosts, "bytes": nbytes, "implementation": implementation,
               "median_s": seconds, "min_s": seconds, "auto_choice": "hierarchical", "concurrent_memcpy_s": None,
               "load_average_1min": 1.0}
     if sent is not None:
         values.update(link_bytes_per_host=[sent, sent], link_bytes_max_host=sent,
                       link_bytes_minimum=2 * (hosts - 1) / hosts * nbytes)
+    if packets is not None:
+        values.update(link_packets_per_host=[packets] * hosts, link_packets_max_host=packets)
     return values
 
 
@@ -24,8 +26,8 @@ def test_goals_compare_auto_with_mpi_per_layout_and_link_bytes_with_the_minimum(
             row("2x2", "tnt_auto", mib, 0.008, sent=1.05 * mib),
             row("2x2", "mpi4py_MPI_Allreduce", 4096, 0.001, sent=8000),
             row("2x2", "tnt_auto", 4096, 0.002, sent=9000),  # below 64 KiB: not part of the goals
-            row("4x1", "mpi4py_MPI_Allreduce", mib, 0.010, sent=1.5 * mib, hosts=4),
-            row("4x1", "tnt_auto", mib, 0.020, sent=1.8 * mib, hosts=4),
+            row("4x1", "mpi4py_MPI_Allreduce", mib, 0.010, sent=1.5 * mib, hosts=4, packets=40),
+            row("4x1", "tnt_auto", mib, 0.020, sent=1.8 * mib, hosts=4, packets=50),
             row("4x1", "tnt_ring", mib, 0.016, sent=1.6 * mib, hosts=4),
             row("4x1", "tnt_rabenseifner", mib, 0.020, sent=1.5 * mib, hosts=4)]
     frame = report.derive(rows)
@@ -43,6 +45,9 @@ def test_goals_compare_auto_with_mpi_per_layout_and_link_bytes_with_the_minimum(
     assert entries[("4x1", mib)]["fastest_algorithm"] == "ring"
     assert entries[("4x1", mib)]["fastest_vs_auto"] == pytest.approx(1.25)
     assert "fastest_algorithm" not in entries[("2x2", mib)]  # no algorithm asked for by name there
+    # Packets on the busiest host's link against MPI_Allreduce's (where they were counted).
+    assert entries[("4x1", mib)]["link_packets_vs_mpi"] == pytest.approx(1.25)
+    assert entries[("2x2", mib)]["link_packets_vs_mpi"] is None
 
 
 def test_cluster_layouts_parse_and_bad_ones_are_named():
