@@ -41,13 +41,16 @@
 // rank in turn: one with a checked tag of this call's parity but another hash
 // is a call that differs. Ranks are never more than one call apart (a rank ends a
 // call only after all ranks began it), so the parity tells the next call's
-// messages from this one's. Differing calls cannot all end: the data of each
-// rank reaches every rank along the algorithm's messages, and the first
-// message between differing ranks is seen by its receiver, who tells every
-// rank at once (a notice message of its own tag, polled by every wait). Then
+// messages from this one's. No rank ends a call that differs from another
+// rank's: the data of each rank reaches every rank along the algorithm's
+// messages, and the first message between differing ranks is seen by its
+// receiver (still waiting), who tells every rank at once (a notice message of
+// its own tag, polled by every wait). Then
 // all ranks exchange their descriptors, as above, and raise the same
 // MismatchError naming each rank's call, and the group fails (data moved).
 // `mpi` still waits for the descriptor exchange first (its messages are MPI's).
+// Calls that need no check (a FusedReducer's verified buckets) keep the plain
+// tag kExchangeTag and are not counted.
 // The hash leaves a chance of 2^-29 (Open MPI's tag bound) that two differing
 // calls look alike; those then differ in their sizes almost surely, which a
 // receive still refuses (Note [A receive never truncates]).
