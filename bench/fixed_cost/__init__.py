@@ -1,7 +1,8 @@
 """Fixed per-step cost of tnt.Model, every configuration side by side in one run (issue 10 §3):
 
     python -m bench.fixed_cost [--models mlp8x512:128 mlp8x512:32 digits_mlp:32 resnet50_small:16]
-                               [--repeats 3] [--steps N] [--warmup-steps N] [--out results/fixed_cost]
+                               [--repeats 3] [--pairs 4] [--steps N] [--warmup-steps N]
+                               [--configs MODE:RANKS ...] [--out results/fixed_cost]
 
 Configurations per model and micro-batch (one intra-op and one inter-op thread per rank, the same
 micro-batch on every rank, the runs interleaved and repeated):
@@ -11,6 +12,14 @@ micro-batch on every rank, the runs interleaved and repeated):
                    on a shared node (both ranks compete for cores and memory bandwidth)
   tnt x2           tnt.Model on two ranks                     -> goal: tnt x2 - keras_each x2 at most
                                                                  1.5 x the engine's allreduce time
+  paired x1, paired x2
+                   plain Keras and tnt.Model in ONE process per rank, their fits alternating --pairs
+                   times (at 2 ranks each rank's Keras model trains its own micro-batches, no exchange,
+                   both ranks at once): per pair tnt / Keras - 1 and tnt - Keras. Separate launches of
+                   one configuration differ by several % from launch to launch on the small models
+                   (memory layout, which core, the moment), which the difference of two launches keeps;
+                   a pair sees the same process and moment. The goals take the median over pairs where
+                   these ran (marked "(paired)" in summary.md), else the separate launches' medians.
   tnt_metrics_after x2
                    tnt.Model with the metric state reduced after the gradients, as before
                    Note [Metric state rides with the gradients] (only with --configs)
@@ -29,7 +38,8 @@ steps and a barrier that starts both ranks' timed steps together.
 
 Output in --out: runs.jsonl (one row per launch: every rank's step times, model, mode, ranks,
 command, load average), summary.json (medians, the two goals and their verdicts, machine, commit,
-versions) and summary.md (the table). A full run with the defaults takes about 25-35 minutes on
-a quiet 2-core machine; the smallest smoke run (`--models digits_mlp:32 --repeats 1 --steps 5
+versions) and summary.md (the table). A full run with the defaults takes about 45-60 minutes on
+a quiet 2-core machine (the paired launches about 20 of them; `--configs paired:1 paired:2
+collectives:2 --repeats 2` alone about 15-20 minutes: the goals' figures); the smallest smoke run (`--models digits_mlp:32 --repeats 1 --steps 5
 --warmup-steps 2`) about 2 minutes.
 """

@@ -34,7 +34,7 @@ def _parse(argv):
     parser.add_argument("--steps", type=int, default=None, help="timed steps per launch (default: 60; ResNet-50 6)")
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: 10; ResNet-50 3")
     parser.add_argument("--repetitions", type=int, default=10, help="timed calls per collective figure")
-    parser.add_argument("--pairs", type=int, default=6, help="paired launches: Keras and tnt fits, alternating")
+    parser.add_argument("--pairs", type=int, default=4, help="paired launches: Keras and tnt fits, alternating")
     parser.add_argument("--configs", nargs="+", default=None, metavar="MODE:RANKS",
                         help="keep only these (from keras:1 tnt:1 keras:2 tnt:2 paired:1 paired:2 "
                              "tnt_metrics_after:2 collectives:2); default all but tnt_metrics_after:2")
