@@ -1,6 +1,6 @@
 """One benchmark run on every rank of a job; rank 0 prints one JSON line "RESULT {...}".
 
-    program.py --mode pipeline|data|serial [--schedule 1f1b|gpipe] [--micro-batches M] [--defer on|off|K]
+    program.py --mode pipeline|data|serial [--schedule 1f1b|gpipe] [--micro-batches M] [--defer default|on|off|K]
                [--layers 8] [--width 512] [--batch 128] [--steps 32] [--budget-mib B] [--pin]
 
 The model is a chain of `--layers` Dense layers of `--width` units (the cut,
@@ -65,8 +65,9 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--mode", choices=["pipeline", "data", "serial"], required=True)
 parser.add_argument("--schedule", default="1f1b")
 parser.add_argument("--micro-batches", type=int, default=4)
-parser.add_argument("--defer", default="on",
-                    help="pipelines' defer_weight_gradients: on (default), off, or micro-batches per weight pass")
+parser.add_argument("--defer", default="default",
+                    help="pipelines' defer_weight_gradients: default (the schedule's), on, off, or micro-batches "
+                         "per weight pass")
 parser.add_argument("--layers", type=int, default=8)
 parser.add_argument("--width", type=int, default=512)
 parser.add_argument("--batch", type=int, default=128)
@@ -122,8 +123,8 @@ else:
         from tarantella.pipeline import make_pipelined_model
         model = make_pipelined_model(model, num_micro_batches=args.micro_batches, schedule=args.schedule,
                                      num_pipeline_stages=tnt.get_size(), balance_by="parameters",
-                                     defer_weight_gradients={"on": True, "off": False}[args.defer]
-                                     if args.defer in ("on", "off") else int(args.defer))
+                                     defer_weight_gradients={"default": None, "on": True, "off": False}[args.defer]
+                                     if args.defer in ("default", "on", "off") else int(args.defer))
     elif args.mode == "data":
         model = tnt.Model(model)
     model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")

@@ -2,12 +2,13 @@
 
     python -m bench.pipeline.sweep [--out results/pipeline] [--steps 32] [--batch 128] [--repeats 3]
                                    [--micro-batches 1,2,4,8] [--budget-mib 256] [--big-width 2048]
-                                   [--models mlp,over_budget]
+                                   [--models mlp,over_budget] [--no-deferred-1f1b]
 
 Two models (bench/pipeline/program.py): the 8 x Dense(512) MLP, and the same
 chain at `--big-width`, whose parameters plus Adam state exceed
 `--budget-mib` per rank while half of it (one stage) fits. For each: serial
-(1 rank), 2-rank data parallelism, and 2-stage GPipe and 1F1B at each M;
+(1 rank), 2-rank data parallelism, and 2-stage GPipe and 1F1B at each M (each
+with its default for deferred weight gradients, and 1F1B deferring them too);
 every configuration `--repeats` times, reporting medians of the steady-state
 throughput (`samples_per_s`; `samples_per_s_fit` over the whole `fit`, see
 program.py). `--batch` is the global batch (micro-batches of batch / M). Each
@@ -34,11 +35,17 @@ from bench.machine import describe_machine, describe_source
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-COLUMNS = ["model", "mode", "schedule", "micro_batches", "ranks", "global_batch", "fits", "samples_per_s",
+COLUMNS = ["model", "mode", "schedule", "defer_weight_gradients", "micro_batches", "ranks", "global_batch", "fits", "samples_per_s",
            "samples_per_s_fit", "speedup_vs_serial",
            "ideal_speedup", "fraction_of_ideal", "bubble_fraction", "ideal_bubble_fraction", "live_peak_per_stage",
            "max_rank_params_fraction", "max_rank_state_mib", "budget_mib", "within_budget",
            "max_rank_peak_rss_growth_mib", "loadavg_1min_max"]
+
+
+# (schedule, defer_weight_gradients): each schedule's default (GPipe defers its weight gradients to one
+# weight pass per step, 1F1B does not), and 1F1B deferring them too (it then holds the layer inputs of every
+# micro-batch until the weight pass; Note [Deferred weight gradients] in tarantella/pipeline/weight_gradients.py).
+PIPELINES = [("gpipe", "default"), ("1f1b", "default"), ("1f1b", "on")]
 
 
 def run(ranks: int, options: list[str], timeout: float = 600) -> dict:
@@ -58,15 +65,19 @@ def plan(options) -> list[tuple[str, int, list[str]]]:
     rows = []
     for name, model in models:
         rows += [(name, 1, ["--mode", "serial"] + model), (name, 2, ["--mode", "data"] + model)]
-        for schedule in ("gpipe", "1f1b"):
+        for schedule, defer in PIPELINES:
+            if defer == "on" and options.no_deferred_1f1b:
+                continue
             for m in options.micro_batches.split(","):
-                rows.append((name, 2, ["--mode", "pipeline", "--schedule", schedule, "--micro-batches", m] + model))
+                rows.append((name, 2, ["--mode", "pipeline", "--schedule", schedule, "--micro-batches", m,
+                                       "--defer", defer] + model))
     return rows
 
 
 def median_row(name: str, runs: list[dict], serial: dict | None) -> dict:
     first = runs[0]
     row = {"model": name, "mode": first["mode"], "schedule": first["schedule"],
+           "defer_weight_gradients": first.get("defer_weight_gradients"),
            "micro_batches": first["micro_batches"], "ranks": first["ranks"], "global_batch": first["global_batch"],
            "fits": first["fits"],
            "budget_mib": first["budget_mib"]}
@@ -120,6 +131,8 @@ def main() -> None:
     parser.add_argument("--budget-mib", type=float, default=256.0)
     parser.add_argument("--big-width", type=int, default=2048)
     parser.add_argument("--models", default="mlp,over_budget", help="which of mlp,over_budget to run")
+    parser.add_argument("--no-deferred-1f1b", action="store_true",
+                        help="leave out the rows of 1F1B with deferred weight gradients (--defer on)")
     parser.add_argument("--no-pin", action="store_true",
                         help="let ranks float over all cores (default: each rank on a core of its own, program.py --pin)")
     options = parser.parse_args()

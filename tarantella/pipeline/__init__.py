@@ -30,6 +30,10 @@ def make_pipelined_model(model, *, num_micro_batches: int | None = None, schedul
         count, without data parallelism).
     data_parallel: replicate the pipeline over ranks // stages replicas (ParallelStrategy.ALL).
     balance_by (keyword): "time" (measured per layer, default) or "parameters".
+    defer_weight_gradients (keyword): Dense layers' weight gradients computed once for several
+        micro-batches in weight passes instead of in each backward (Note [Deferred weight gradients]
+        in weight_gradients.py): True (one weight pass per step), False, or a number of micro-batches
+        per weight pass; default None: True for "gpipe", False for "1f1b" (keeps its memory bound).
     """
     from tarantella.pipeline.pipelined_model import PipelinedModel
     return PipelinedModel(model, num_micro_batches=num_micro_batches, schedule=schedule,

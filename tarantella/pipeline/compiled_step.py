@@ -259,6 +259,7 @@ class StageStep:
                     targets.append(state.penalty)
                     output_gradients.append(tf.ones_like(state.penalty))
         sources = [e for e in state.received if self.partition.edges[e].differentiable]
+        mark = self._deferred.mark() if self._deferred else None
         results = state.tape.gradient(targets, [state.received[e] for e in sources] + list(variables),
                                       output_gradients=output_gradients,
                                       unconnected_gradients=tf.UnconnectedGradients.NONE)
@@ -272,4 +273,6 @@ class StageStep:
                 grad = tf.convert_to_tensor(grad)
                 gradients[i] = grad if gradients[i] is None else gradients[i] + grad
                 done.append(gradients[i])
+        if mark is not None:
+            done += self._deferred.recorded_since(mark)
         return sends, done or [tf.constant(0)]

@@ -97,7 +97,7 @@ class _Untracked:
 class PipelinedModel(keras.Model):
     def __init__(self, model: keras.Model, *, num_micro_batches: int | None = None, schedule: str = "1f1b",
                  num_pipeline_stages: int | None = None, data_parallel: bool = False, balance_by: str = "time",
-                 defer_weight_gradients: bool | int = True, name: str | None = None):
+                 defer_weight_gradients: bool | int | None = None, name: str | None = None):
         runtime.init()
         graph = graph_of(model)
         size, rank = runtime.get_size(), runtime.get_rank()
@@ -107,9 +107,9 @@ class PipelinedModel(keras.Model):
         if num_micro_batches is None:
             num_micro_batches = default_micro_batches(num_stages)
         make_schedule(schedule, num_micro_batches, num_stages, 0)  # validates the name and count
-        if not isinstance(defer_weight_gradients, bool) and not (
+        if defer_weight_gradients is not None and not isinstance(defer_weight_gradients, bool) and not (
                 isinstance(defer_weight_gradients, int) and defer_weight_gradients >= 1):
-            raise ValueError(f"tarantella: defer_weight_gradients must be True, False or a number of "
+            raise ValueError(f"tarantella: defer_weight_gradients must be None, True, False or a number of "
                              f"micro-batches >= 1, got {defer_weight_gradients!r}")
         super().__init__(name=name or model.name)
         self.placement = placement
@@ -386,13 +386,18 @@ class PipelinedModel(keras.Model):
 
     def _weight_pass_every(self) -> int | None:
         """Micro-batches per weight pass (Note [Deferred weight gradients] in weight_gradients.py); None:
-        each backward accumulates its own weight gradients. By default one weight pass after the last
-        backward: all of a step's micro-batches in one product per layer."""
-        if self.defer_weight_gradients is False:
+        each backward accumulates its own weight gradients. True: one weight pass after the last backward
+        (all of a step's micro-batches in one product per layer). The default (None) is True for GPipe,
+        which holds every micro-batch's activations anyway, and False for 1F1B, whose point is to hold at
+        most S - stage micro-batches (deferring would hold the layer inputs of all of them)."""
+        defer = self.defer_weight_gradients
+        if defer is None:
+            defer = self.schedule_name == "gpipe"
+        if defer is False:
             return None
-        if self.defer_weight_gradients is True:
+        if defer is True:
             return self.num_micro_batches
-        return int(self.defer_weight_gradients)
+        return int(defer)
 
     def _step_graph(self, mode, inputs, targets, weights, start, global_size: int, is_part: bool = False):
         """Traced: this rank's whole step (Note [The schedule inside one graph] in compiled_step.py)."""

@@ -21,9 +21,13 @@ shorter, and so is the time the other stages wait for it.
 
 What it costs: x_m and dz_m of every micro-batch whose W pass has not run (a
 layer's input and output gradient, not the whole forward's activations).
-GPipe holds all micro-batches' activations anyway; 1F1B's bound on held
-micro-batches grows by the W pass's group (schedules.max_live_micro_batches
-counts them).
+GPipe holds all micro-batches' activations anyway, so it defers by default
+(one W pass per step); 1F1B does not by default, since its point is to hold
+at most S - stage micro-batches, and deferring over the step would hold the
+layer inputs of all of them (schedules.max_live_micro_batches counts them).
+A B pass's results include its dz's, so the backward's work runs in that
+pass (not later, whenever TensorFlow's executor is free, which would keep the
+tape's activations alive and blur the per-pass timestamps).
 
 Only plain keras.layers.Dense layers (not subclasses, not quantized, no LoRA,
 no mixed precision, 2-D inputs) are deferred; any other layer's weight
@@ -97,6 +101,15 @@ class DeferredDense:
             return _dense(inputs, kernel, bias, layer.activation, pending)
 
         return call
+
+    def mark(self) -> list[int]:
+        return [len(pending) for pending in self._pending]
+
+    def recorded_since(self, mark: list[int]) -> list:
+        """The output gradients recorded since `mark`: a backward pass's results, so that they are computed
+        in that pass (Note [The schedule inside one graph] in compiled_step.py) and not later, when TensorFlow
+        happens to run them (then the tape's activations would be held until the weight pass)."""
+        return [dz for pending, start in zip(self._pending, mark) for _, dz in pending[start:]]
 
     def weight_pass(self, gradients: list) -> list:
         """Traced: the weight gradients of the micro-batches recorded since the last weight pass, added into

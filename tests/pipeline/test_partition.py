@@ -6,8 +6,8 @@ import pytest
 from tarantella.keras.layers import SplitLayer
 from tarantella.pipeline import balance
 from tarantella.pipeline.partition import graph_of, partition, stages_from_split_layers
-from tarantella.pipeline.schedules import (BACKWARD, FORWARD, check_micro_batches, gpipe, ideal_bubble_fraction, max_live_micro_batches,
-                                           one_f_one_b, schedule)
+from tarantella.pipeline.schedules import (BACKWARD, FORWARD, WEIGHT, check_micro_batches, gpipe, ideal_bubble_fraction,
+                                           max_live_micro_batches, one_f_one_b, schedule, with_weight_passes)
 from tarantella.pipeline.topology import place
 
 
@@ -129,6 +129,17 @@ def test_one_f_one_b_shape():
     assert ideal_bubble_fraction(4, 2) == pytest.approx(1 / 5)
     with pytest.raises(ValueError, match="unknown pipeline schedule"):
         schedule("pipedream", 4, 2, 0)
+
+
+def test_weight_passes_follow_their_backwards_and_count_as_held():
+    passes = with_weight_passes(one_f_one_b(4, 2, 0), 2)
+    assert passes == [(FORWARD, 0), (FORWARD, 1), (BACKWARD, 0), (FORWARD, 2), (BACKWARD, 1), (WEIGHT, 1),
+                      (FORWARD, 3), (BACKWARD, 2), (BACKWARD, 3), (WEIGHT, 3)]
+    # A deferred micro-batch is held (its layer inputs and output gradients) until its weight pass.
+    assert max_live_micro_batches(passes) == 3
+    assert max_live_micro_batches(with_weight_passes(one_f_one_b(8, 2, 0), 8)) == 8
+    assert with_weight_passes(gpipe(4, 2, 1), 4)[-2:] == [(BACKWARD, 3), (WEIGHT, 3)]
+    assert with_weight_passes(gpipe(3, 2, 1), 2)[-3:] == [(WEIGHT, 1), (BACKWARD, 2), (WEIGHT, 2)]
 
 
 def test_balanced_cut_minimises_the_slowest_stage():

@@ -13,7 +13,7 @@ PROGRAMS = os.path.join(os.path.dirname(__file__), "programs")
 # to serial Keras without them and differ by ~1e-5 relative with them. Without them the 1e-5 comparisons
 # check the pipeline's logic, with only micro-batching's own rounding left.
 ENV = {"TNT_TIMEOUT_SECONDS": "60", "TF_ENABLE_ONEDNN_OPTS": "0"}
-TRAINING_CHECKS = [f"{name} {check}" for name in ("1f1b", "1f1b without deferred weight gradients", "gpipe")
+TRAINING_CHECKS = [f"{name} {check}" for name in ("1f1b", "1f1b with deferred weight gradients", "gpipe")
                    for check in ("training matches serial", "evaluate and predict match serial")] + ["done"]
 
 

@@ -90,9 +90,9 @@ serial_weights = serial.get_weights()
 serial_eval = serial.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
 serial_pred = serial.predict(x, batch_size=BATCH, verbose=0)
 
-# (schedule, defer_weight_gradients, name): deferred over the whole step (the default), per micro-batch in
-# the backward, and a weight pass every 2 micro-batches (Note [Deferred weight gradients]).
-for schedule, defer, name in (("1f1b", True, "1f1b"), ("1f1b", False, "1f1b without deferred weight gradients"),
+# (schedule, defer_weight_gradients, name): 1F1B's default (weight gradients in each backward), deferred
+# to one weight pass per step, and a weight pass every 2 micro-batches (Note [Deferred weight gradients]).
+for schedule, defer, name in (("1f1b", None, "1f1b"), ("1f1b", True, "1f1b with deferred weight gradients"),
                               ("gpipe", 2, "gpipe")):
     # Through the public entry point: tnt.Model hands PIPELINING/ALL to tarantella.pipeline.
     strategy = tnt.ParallelStrategy.ALL if args.data_parallel else tnt.ParallelStrategy.PIPELINING
@@ -111,7 +111,7 @@ for schedule, defer, name in (("1f1b", True, "1f1b"), ("1f1b", False, "1f1b with
     assert [(k, m) for k, m, _, _ in executed] == [tuple(p) for p in train.trace.schedule], executed
     assert all(a[3] <= b[2] for a, b in zip(executed, executed[1:])), "passes overlapped"
     live = max_live_micro_batches([Pass(k, m) for k, m, _, _ in executed])
-    deferred = defer is not False and model.runner.defers_weight_gradients
+    deferred = defer not in (None, False) and model.runner.defers_weight_gradients
     assert deferred == any(k == "weight" for k, _ in train.trace.schedule), (name, train.trace.schedule)
     assert live == (min(args.stages - placement.stage, 4) if schedule == "1f1b" and not deferred else 4), (name, live)
     close(f"{name} step losses", losses, serial_losses)
