@@ -95,6 +95,15 @@ def test_starts_follow_backprop_not_registration_order(tmp_path):
     # The loss tracker's state rides in buckets of its own (threshold 0): marked, and left out of the overlap.
     metric_only = {e["args"]["bucket"] for e in trace_file.spans(trace, names.ALLREDUCE) if e["args"].get("metrics_only")}
     assert metric_only == set(range(len(variables), len(variables) + len(metric_only))) and metric_only, metric_only
+    # ... handed over once every gradient exists (Note [Metric state rides with the gradients]), not right after
+    # the forward pass, ahead of every gradient: later than most gradient buckets in every step. (The last
+    # gradients' starts may still be copying when the state's start runs: not later than all.)
+    gradient_buckets = range(len(variables))
+    for rank in (0, 1):
+        for step in steps:
+            middle = sorted(ready[(rank, step, b)] for b in gradient_buckets)[len(variables) // 2]
+            early_state = [b for b in metric_only if ready[(rank, step, b)] < middle]
+            assert not early_state, f"rank {rank} step {step}: metric state handed over before most gradients"
     assert {row["buckets"] for row in overlap_from_trace(trace)} == {len(variables)}
     # Note [Buckets are reduced in an agreed order]: from the third step on, every rank reduces its buckets
     # in the order rank 0 queued them in the second step. (The trace's times resolve about 0.2 us, absolute
