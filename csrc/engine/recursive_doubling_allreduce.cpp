@@ -24,7 +24,8 @@ void recursive_doubling_allreduce(ProcessGroup& group, const AllreduceCall& call
     scratch.resize(bytes);
     for (int mask = 1; mask < fold.core_size; mask <<= 1) {
       const int partner = fold.group_rank_of(fold.core_rank ^ mask);
-      exchange(group, current, bytes, partner, scratch.data(), bytes, partner, call.tag, "recursive-doubling allreduce");
+      exchange(group, current, bytes, partner, scratch.data(), bytes, partner, call.tag,
+               "recursive-doubling allreduce");
       combine_into(call.out, current, scratch.data(), call.count, call.dtype, call.op);
       current = call.out;
     }
