@@ -261,8 +261,12 @@ void FusedReducer::progress_loop() {
     bool took = false;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      if (completing.empty()) {
-        queued_.wait(lock, [&] { return stopping_ || buckets_[next_bucket_]->state == State::queued; });
+      std::string expired;
+      if (completing.empty()) expired = wait_for_work(lock);
+      if (!expired.empty()) {
+        lock.unlock();
+        fail_with(std::make_exception_ptr(TimeoutError(expired)), expired);
+        return;
       }
       if (stopping_) return;
       if (buckets_[next_bucket_]->state == State::queued) {
@@ -295,6 +299,49 @@ void FusedReducer::progress_loop() {
       return;
     }
   }
+}
+
+// Note [Async finishes have a deadline]
+// A blocking wait() runs under a Deadline of its own. An async finish (the TF op's
+// when_reduced) cannot: it returns at once and its callback runs when the bucket is
+// reduced. If a tensor of the bucket is never marked ready (a step that hands over
+// only some gradients, a tensor handed over twice instead of two), nothing would ever
+// run the callback and the step would wait forever, with every thread asleep. So the
+// idle progress thread keeps the deadline for them: when async waiters have waited
+// twice the timeout (the bound wait() uses) without any bucket being reduced, the
+// reducer fails with a TimeoutError naming this rank's missing tensors, and every
+// waiter gets it. Any reduced bucket restarts the clock: a slow but moving step is
+// not cut short; peers that stop are caught by the reduction's own deadline.
+std::string FusedReducer::wait_for_work(std::unique_lock<std::mutex>& lock) {
+  const auto has_work = [&] { return stopping_ || buckets_[next_bucket_]->state == State::queued; };
+  const WaitLimits& limits = allreducer_->group().limits();
+  const WaitLimits async_limits{2 * limits.timeout_seconds, 2 * limits.stall_warning_seconds};
+  while (!has_work()) {
+    if (!waiters_since_) {
+      queued_.wait(lock);
+      continue;
+    }
+    const auto limit = *waiters_since_ + std::chrono::duration_cast<Deadline::Clock::duration>(
+                                             std::chrono::duration<double>(async_limits.timeout_seconds));
+    if (queued_.wait_until(lock, limit, has_work)) break;
+    if (!waiters_since_ || Deadline::Clock::now() < limit) continue;  // a bucket was reduced meanwhile
+    for (const auto& bucket : buckets_) {
+      if (bucket->waiters.empty()) continue;
+      const std::size_t id = static_cast<std::size_t>(&bucket - buckets_.data());
+      Deadline deadline(async_limits, *waiters_since_, "every registered tensor must be marked ready once per step");
+      return deadline.timeout_error("finish of bucket " + std::to_string(id), missing_tensors(*bucket)).what();
+    }
+    waiters_since_.reset();
+  }
+  return std::string();
+}
+
+std::string FusedReducer::missing_tensors(const Bucket& bucket) const {
+  std::string missing;
+  for (std::size_t id : bucket.tensors) {
+    if (!tensors_[id]->marked.load()) missing += (missing.empty() ? "" : ", ") + std::to_string(id);
+  }
+  return missing.empty() ? std::string("earlier buckets or other ranks") : "tensor(s) " + missing + " of this rank";
 }
 
 void FusedReducer::advance_order() {
@@ -401,6 +448,13 @@ void FusedReducer::publish_reduced(std::size_t id) {
     reductions_completed_.fetch_add(1, std::memory_order_acq_rel);
     g_reductions_completed.fetch_add(1, std::memory_order_acq_rel);
     waiters.swap(bucket.waiters);
+    // Progress: async waiters of other buckets count from now (Note [Async finishes have a deadline]).
+    if (waiters_since_) {
+      const bool others_wait = std::any_of(buckets_.begin(), buckets_.end(),
+                                           [](const auto& other) { return !other->waiters.empty(); });
+      waiters_since_ = others_wait ? std::optional<Deadline::Clock::time_point>(Deadline::Clock::now())
+                                   : std::nullopt;
+    }
   }
   reduced_.notify_all();
   for (Callback& waiter : waiters) waiter(std::string());
@@ -456,6 +510,10 @@ void FusedReducer::when_reduced(std::size_t tensor, Callback callback) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (error_.empty() && bucket.state != State::reduced) {
       bucket.waiters.push_back(std::move(callback));
+      if (!waiters_since_) {
+        waiters_since_ = Deadline::Clock::now();
+        queued_.notify_all();  // an idle progress thread starts keeping the deadline
+      }
       return;
     }
     error = error_;
@@ -521,14 +579,8 @@ void FusedReducer::wait(std::size_t tensor, void* out, std::size_t bytes) {
     std::unique_lock<std::mutex> lock(mutex_);
     deadline.wait(
         lock, reduced_, [&] { return !error_.empty() || bucket.state == State::reduced; },
-        "wait: " + tensor_text(tensor) + "'s bucket " + std::to_string(slot.bucket), [&] {
-          std::string missing;
-          for (std::size_t id : bucket.tensors) {
-            if (!tensors_[id]->marked.load()) missing += (missing.empty() ? "" : ", ") + std::to_string(id);
-          }
-          return missing.empty() ? std::string("earlier buckets or other ranks")
-                                 : "tensor(s) " + missing + " of this rank";
-        });
+        "wait: " + tensor_text(tensor) + "'s bucket " + std::to_string(slot.bucket),
+        [&] { return missing_tensors(bucket); });
     if (!error_.empty()) std::rethrow_exception(error_ptr_);
   }
   copy_result(tensor, out, bytes);

@@ -90,6 +90,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -208,6 +209,12 @@ class FusedReducer {
   // Shared buckets: where `bucket` lies in `rank`'s segment in step `epoch`.
   char* bucket_area(const Bucket& bucket, int rank, std::uint64_t epoch) const;
   int flag(std::size_t bucket, SharedFlag which) const { return static_cast<int>(bucket) * kFlagsPerBucket + which; }
+  // This rank's tensors of `bucket` not yet marked ready this step, as "tensor(s) 1, 4 of this
+  // rank", or "earlier buckets or other ranks" when all were. Caller holds mutex_.
+  std::string missing_tensors(const Bucket& bucket) const;
+  // Progress thread, idle, holding mutex_ (in `lock`): sleeps until a bucket is queued or the
+  // reducer stops; returns an error text when async waiters waited past their deadline.
+  std::string wait_for_work(std::unique_lock<std::mutex>& lock);
   void fail(const std::string& error);
   void fail_with(std::exception_ptr error, const std::string& text);
   void stop_progress_thread();
@@ -232,6 +239,9 @@ class FusedReducer {
   std::string error_;                 // guarded by mutex_; once set, every call fails with it
   std::exception_ptr error_ptr_;      // guarded by mutex_; the exception behind error_
   std::atomic<bool> failed_{false};   // error_ is set; read without the lock on hot paths
+  // Note [Async finishes have a deadline]: since when async waiters (when_reduced) have waited
+  // without any bucket being reduced; unset while none waits. Guarded by mutex_.
+  std::optional<std::chrono::steady_clock::time_point> waiters_since_;
   std::size_t next_bucket_ = 0;       // progress thread only: the bucket it reduces next, order_[position_]
   std::vector<std::size_t> order_;    // progress thread only: bucket ids in the agreed order (a permutation)
   std::size_t position_ = 0;          // progress thread only: next_bucket_'s index in order_
