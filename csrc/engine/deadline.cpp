@@ -21,23 +21,30 @@ namespace {
 constexpr unsigned kSpinRounds = 2000;
 constexpr unsigned kYieldRounds = 2000;
 std::atomic<unsigned> g_spin_rounds{kSpinRounds};
+constexpr unsigned kPatientSpinRounds = 200;  // about 10 us
+thread_local bool t_patient = false;
 }  // namespace
 
 void set_oversubscribed(bool oversubscribed) { g_spin_rounds = oversubscribed ? 0 : kSpinRounds; }
 
+PatientWaits::PatientWaits() : previous_(t_patient) { t_patient = true; }
+PatientWaits::~PatientWaits() { t_patient = previous_; }
+
 void back_off(unsigned round) {
-  const unsigned spin = g_spin_rounds.load(std::memory_order_relaxed);
+  const unsigned spin = t_patient ? std::min(kPatientSpinRounds, g_spin_rounds.load(std::memory_order_relaxed))
+                                  : g_spin_rounds.load(std::memory_order_relaxed);
+  const unsigned yields = t_patient ? 0 : kYieldRounds;
   if (round < spin) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
-  } else if (round < spin + kYieldRounds) {
+  } else if (round < spin + yields) {
     sched_yield();
   } else {
     // Long waits sleep, ever longer up to 0.5 ms, so a rank blocked on a slow
     // peer leaves its core to the compute threads; the added latency is at
     // most one sleep, small against a wait that long.
-    const unsigned micros = std::min(500u, 10u + (round - spin - kYieldRounds) / 8);
+    const unsigned micros = std::min(500u, 10u + (round - spin - yields) / 8);
     std::this_thread::sleep_for(std::chrono::microseconds(micros));
   }
 }

@@ -63,4 +63,20 @@ void back_off(unsigned round);
 // rank it waits for needs: then waits start by yielding, without spinning.
 void set_oversubscribed(bool oversubscribed);
 
+// Within its scope, this thread's waits spin briefly and never yield: they go
+// to back_off's sleeps at once. For a background thread that waits while the
+// rank's compute threads want every core (the fused reducer's progress thread
+// waiting for a peer's flag in shared memory): its spins and yields came out of
+// backprop's time. Not for waits that drive MPI's progress (they poll it).
+class PatientWaits {
+ public:
+  PatientWaits();
+  ~PatientWaits();
+  PatientWaits(const PatientWaits&) = delete;
+  PatientWaits& operator=(const PatientWaits&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace tnt

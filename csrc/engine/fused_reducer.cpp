@@ -10,6 +10,7 @@
 #endif
 
 #include "copy_count.hpp"
+#include "deadline.hpp"
 #include "descriptor_exchange.hpp"
 #include "errors.hpp"
 #include "fnv1a.hpp"
@@ -390,6 +391,7 @@ void FusedReducer::reduce_bucket(std::size_t id) {
 }
 
 void FusedReducer::reduce_own_chunk(std::size_t id) {
+  PatientWaits patient;  // the rank's compute threads want the cores meanwhile (deadline.hpp)
   Bucket& bucket = *buckets_[id];
   const std::uint64_t epoch = bucket.epoch.load(std::memory_order_acquire);
   segments_->wait_for_others(flag(id, kStaged), epoch, "gradient reducer (waiting for the peers' gradients)");
@@ -406,6 +408,7 @@ void FusedReducer::reduce_own_chunk(std::size_t id) {
 }
 
 bool FusedReducer::peers_reduced(std::size_t id, bool wait) {
+  PatientWaits patient;  // as in reduce_own_chunk
   const std::uint64_t epoch = buckets_[id]->epoch.load(std::memory_order_acquire);
   ProcessGroup& group = allreducer_->group();
   const int self = group.rank();
