@@ -440,8 +440,10 @@ class PipelinedModel(keras.Model):
             tokens += sent_logs
         result["sent"] = tf.add_n(tokens) if tokens else tf.constant(0)
         if training:
-            with tf.control_dependencies([result["sent"]]):
-                self.optimizer.apply(gradients, variables)
+            # Not after the sends: they read activations and their gradients, never the weights, and the last
+            # stage's last sends complete only when the other stages have taken them (the step still ends
+            # only once they have; "sent" is one of its results).
+            self.optimizer.apply(gradients, variables)
         if mode == "predict" and predictions:
             outputs = len(next(iter(predictions.values())))
             result["predictions"] = [tf.concat([predictions[m][i] for m in sorted(predictions)], 0)
