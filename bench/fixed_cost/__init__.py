@@ -38,8 +38,8 @@ steps and a barrier that starts both ranks' timed steps together.
 
 Output in --out: runs.jsonl (one row per launch: every rank's step times, model, mode, ranks,
 command, load average), summary.json (medians, the two goals and their verdicts, machine, commit,
-versions) and summary.md (the table). A full run with the defaults takes about 45-60 minutes on
-a quiet 2-core machine (the paired launches about 20 of them; `--configs paired:1 paired:2
-collectives:2 --repeats 2` alone about 15-20 minutes: the goals' figures); the smallest smoke run (`--models digits_mlp:32 --repeats 1 --steps 5
+versions) and summary.md (the table). A full run with the defaults takes about 20 minutes on
+a quiet 2-core machine (9.5 minutes before the paired launches were added; `--configs paired:1
+paired:2 collectives:2 --repeats 2`, the goals' figures alone, about 10 minutes); the smallest smoke run (`--models digits_mlp:32 --repeats 1 --steps 5
 --warmup-steps 2`) about 2 minutes.
 """
