@@ -100,7 +100,10 @@ def from_arrays(arrays, batch_size: int, shuffle: bool, seed: int, size: int, ra
         data = tf.nest.map_structure(lambda tensor: tf.gather(tensor, part), tensors)
         return {DATA: data, GLOBAL_SIZE: total, FIRST_INDEX: batch_number * batch_size + start}
 
-    return positions.batch(batch_size).enumerate().map(gather_part).prefetch(tf.data.AUTOTUNE)
+    # Batches all full: tf.data says so (a static batch size), so the step sees static shapes as plain Keras
+    # does and builds no placeholder for an empty micro-batch (Note [Empty micro-batches]).
+    full = num_samples % batch_size == 0
+    return positions.batch(batch_size, drop_remainder=full).enumerate().map(gather_part).prefetch(tf.data.AUTOTUNE)
 
 
 def class_weights_as_sample_weights(y, class_weight: dict):
