@@ -91,6 +91,9 @@ PROGRAM = textwrap.dedent("""
     import os, signal, sys, time
     from tarantella import timeline
     from tarantella.timeline import session
+    # As in a foreground job: a test run in the background (`cmd &` in a script) inherits SIGINT
+    # ignored, and Python then keeps it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     session.start(sys.argv[1], rank=1, size=2)
     for step in range(50):
         with timeline.span("work", track="python", step=step):

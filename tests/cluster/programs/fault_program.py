@@ -29,16 +29,20 @@ MODE, STATE = sys.argv[1], sys.argv[2]
 RANK = tnt.get_rank()
 
 
-def ready():
-    path = os.path.join(STATE, f"pid-{RANK}")
+def _publish(name, text):
+    """Written whole or not at all: the test polls for the file and reads it at once."""
+    path = os.path.join(STATE, name)
     with open(path + ".tmp", "w") as handle:
-        handle.write(str(os.getpid()))
+        handle.write(text)
     os.replace(path + ".tmp", path)
 
 
+def ready():
+    _publish(f"pid-{RANK}", str(os.getpid()))
+
+
 def mark_fault():
-    with open(os.path.join(STATE, f"fault-{RANK}"), "w") as handle:
-        handle.write(repr(time.time()))
+    _publish(f"fault-{RANK}", repr(time.time()))
 
 
 # Note [A skipped call among identical calls]
