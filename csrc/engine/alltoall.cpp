@@ -2,7 +2,6 @@
 
 #include <memory>
 #include <string>
-#include <string>
 
 #include "errors.hpp"
 #include "mpi_call.hpp"

@@ -179,7 +179,7 @@ std::vector<py::bytes> allgather_bytes(const py::bytes& data, GroupHandle& group
   return result;
 }
 
-// Helper D's lines (tarantella/data/batch_exchange.py): block s goes to rank s; returns the block from each rank.
+// For tarantella/data/batch_exchange.py: block s goes to rank s; returns the block from each rank.
 std::vector<py::bytes> alltoall_bytes(const std::vector<std::string>& blocks, GroupHandle& group) {
   std::vector<std::string> received;
   tnt::ProcessGroup& process_group = group.group();

@@ -78,8 +78,6 @@ class RidingAllreducer:
     GraphAllreducer it asks for reduces `tensors` followed by `state`; after the call, `summed_state`
     holds the state's sums. Used while tracing one train step."""
 
-    state_last = True  # the state is handed over once every gradient exists (False: as soon as it exists)
-
     def __init__(self, allreducer_for, state):
         self._allreducer_for = allreducer_for
         self._state = list(state)
@@ -90,8 +88,8 @@ class RidingAllreducer:
         allreducer = self._allreducer_for(list(tensors) + self._state)
 
         def reduce(tensors, overlap: bool = True):
-            summed = allreducer(list(tensors) + self._state, overlap=overlap,
-                                last=len(self._state) if self.state_last else 0)
+            # The state is handed over once every gradient exists (Note above).
+            summed = allreducer(list(tensors) + self._state, overlap=overlap, last=len(self._state))
             self.summed_state = summed[len(tensors):]
             return summed[:len(tensors)]
 
