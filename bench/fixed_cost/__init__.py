@@ -14,8 +14,10 @@ micro-batch on every rank, the runs interleaved and repeated):
                                                                  1.5 x the engine's allreduce time
   paired x1, paired x2
                    plain Keras and tnt.Model in ONE process per rank, their fits alternating --pairs
-                   times (at 2 ranks each rank's Keras model trains its own micro-batches, no exchange,
-                   both ranks at once): per pair tnt / Keras - 1 and tnt - Keras. Separate launches of
+                   times (at 2 ranks both ranks' Keras fits run at once, no exchange; Keras fits the
+                   tnt.Model's wrapped model, so both update the same variables and optimizer state:
+                   two separately built copies of a model differ by up to 4% in step time): per pair
+                   tnt / Keras - 1 and tnt - Keras. Separate launches of
                    one configuration differ by several % from launch to launch on the small models
                    (memory layout, which core, the moment), which the difference of two launches keeps;
                    a pair sees the same process and moment. The goals take the median over pairs where

@@ -7,10 +7,15 @@ rank's figures.
     tarantella -n 2 -- bench/fixed_cost/rank_program.py --mode paired --model mlp8x512 --pairs 6
 
 Mode `paired` times plain Keras and tnt.Model in ONE process per rank, their fits alternating
-(Keras, tnt, Keras, tnt, ...; each rank's Keras model trains on its own micro-batches with no
-exchange, both ranks at once): both see the same process, memory layout, cores and moment, so the
-per-pair ratio tnt / Keras is free of the launch-to-launch spread (several % on small models) that
-separate launches add to their difference.
+(Keras, tnt, Keras, tnt, ...; at 2 ranks both ranks' Keras fits run at once, with no exchange): both
+see the same process, cores and moment, so the per-pair ratio tnt / Keras is free of the
+launch-to-launch spread (several % on small models) that separate launches add to their difference.
+Keras fits the tnt.Model's own wrapped model (tnt's compile compiles it alike, with the same
+optimizer): the two fits update the SAME variables and optimizer state. Two separately built copies
+of one model differ by up to 4% in step time at 1 rank in one process (mlp8x512:32, steps
+interleaved; where their buffers landed in memory), which paired fits of two models measured as
+tnt.Model's overhead. Every rank's Keras fit trains on the same micro-batches, so the weights stay
+equal on all ranks, as tnt.Model keeps them.
 """
 from __future__ import annotations
 
@@ -82,14 +87,16 @@ def _compiled(spec, mode: str):
     return model
 
 
-def _fitter(spec, model, mode: str, args, ranks: _Ranks):
+def _fitter(spec, model, mode: str, args, ranks: _Ranks, same_data_on_every_rank: bool = False):
     """fit(steps, callbacks): `steps` steps of the same micro-batch size on every rank. tnt.Model takes
-    the global batch; plain Keras on every rank trains its own micro-batches."""
+    the global batch; plain Keras on every rank trains its own micro-batches (the same ones on every
+    rank with `same_data_on_every_rank`)."""
     distributed = mode != "keras"
     batch = args.micro_batch * (ranks.size if distributed else 1)
+    seed = 1 + ranks.rank * (not distributed and not same_data_on_every_rank)
 
     def fit(steps, callbacks=()):
-        x, y = spec.data(batch * steps, seed=1 + ranks.rank * (not distributed))
+        x, y = spec.data(batch * steps, seed=seed)
         model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=list(callbacks))
 
     return fit
@@ -135,16 +142,19 @@ def _paired(args, ranks: _Ranks) -> dict:
     _threads()
     from bench.fixed_cost import models
     spec = models.get(args.model[0])
-    fits = {}
-    for mode in ("keras", "tnt"):
-        model = _compiled(spec, mode)
-        fits[mode] = (model, _fitter(spec, model, mode, args, ranks))
-        fits[mode][1](args.warmup_steps)  # traces the step, warms caches
+    distributed = _compiled(spec, "tnt")
+    fits = {"keras": (distributed.wrapped_model, _fitter(spec, distributed.wrapped_model, "keras", args, ranks,
+                                                         same_data_on_every_rank=True)),
+            "tnt": (distributed, _fitter(spec, distributed, "tnt", args, ranks))}
+    for _, fit in fits.values():
+        fit(args.warmup_steps)  # traces the step, warms caches
     pairs = []
-    for _ in range(args.pairs):
+    for index in range(args.pairs):
         pair = {}
-        for mode, (_, fit) in fits.items():
-            pair[mode] = statistics.median(_timed_fit(fit, args.steps, ranks))
+        # Keras first in even pairs, tnt first in odd ones: a drift of the machine's speed during the run
+        # favours neither.
+        for mode in ("keras", "tnt") if index % 2 == 0 else ("tnt", "keras"):
+            pair[mode] = statistics.median(_timed_fit(fits[mode][1], args.steps, ranks))
         pairs.append(pair)
     every_rank = ranks.gather(pairs)  # [rank][pair] -> {"keras": s, "tnt": s}
     reducer = ranks.gather(_last_step_reduction(fits["tnt"][0]))
