@@ -23,12 +23,19 @@ constexpr unsigned kYieldRounds = 2000;
 std::atomic<unsigned> g_spin_rounds{kSpinRounds};
 constexpr unsigned kPatientSpinRounds = 200;  // about 10 us
 thread_local bool t_patient = false;
+thread_local WaitSleeper* t_sleeper = nullptr;
 }  // namespace
 
 void set_oversubscribed(bool oversubscribed) { g_spin_rounds = oversubscribed ? 0 : kSpinRounds; }
 
-PatientWaits::PatientWaits() : previous_(t_patient) { t_patient = true; }
-PatientWaits::~PatientWaits() { t_patient = previous_; }
+PatientWaits::PatientWaits(WaitSleeper* sleeper) : previous_(t_patient), previous_sleeper_(t_sleeper) {
+  t_patient = true;
+  t_sleeper = sleeper;
+}
+PatientWaits::~PatientWaits() {
+  t_patient = previous_;
+  t_sleeper = previous_sleeper_;
+}
 
 void back_off(unsigned round) {
   const unsigned spin = t_patient ? std::min(kPatientSpinRounds, g_spin_rounds.load(std::memory_order_relaxed))
@@ -40,6 +47,8 @@ void back_off(unsigned round) {
 #endif
   } else if (round < spin + yields) {
     sched_yield();
+  } else if (t_patient && t_sleeper != nullptr) {
+    t_sleeper->sleep();
   } else {
     // Long waits sleep, ever longer up to 0.5 ms, so a rank blocked on a slow
     // peer leaves its core to the compute threads; the added latency is at

@@ -63,20 +63,33 @@ void back_off(unsigned round);
 // rank it waits for needs: then waits start by yielding, without spinning.
 void set_oversubscribed(bool oversubscribed);
 
+// Sleeps until what a wait polls may have changed (whoever changes it wakes the
+// sleeper), instead of back_off's timed sleeps. back_off calls sleep() after each
+// failed check of the condition; the first call only arms the sleeper (it notes
+// the wake-ups so far), so a change between that call's return and the next
+// check is never slept through.
+class WaitSleeper {
+ public:
+  virtual ~WaitSleeper() = default;
+  virtual void sleep() = 0;
+};
+
 // Within its scope, this thread's waits spin briefly and never yield: they go
-// to back_off's sleeps at once. For a background thread that waits while the
-// rank's compute threads want every core (the fused reducer's progress thread
-// waiting for a peer's flag in shared memory): its spins and yields came out of
-// backprop's time. Not for waits that drive MPI's progress (they poll it).
+// to back_off's sleeps at once, or to `sleeper` when given. For a background
+// thread that waits while the rank's compute threads want every core (the fused
+// reducer's progress thread waiting for a peer's flag in shared memory): its
+// spins, yields and timed wake-ups came out of backprop's time. Not for waits
+// that drive MPI's progress (they poll it).
 class PatientWaits {
  public:
-  PatientWaits();
+  explicit PatientWaits(WaitSleeper* sleeper = nullptr);
   ~PatientWaits();
   PatientWaits(const PatientWaits&) = delete;
   PatientWaits& operator=(const PatientWaits&) = delete;
 
  private:
   bool previous_;
+  WaitSleeper* previous_sleeper_;
 };
 
 }  // namespace tnt

@@ -234,6 +234,8 @@ void FusedReducer::ready(std::size_t tensor, const void* data, std::size_t bytes
       bucket.times.queued = now();
     }
     queued_.notify_one();
+    // The progress thread may sleep on the doorbell, waiting for peers' sums (peers_reduced): this bucket ends that.
+    if (segments_) segments_->ring(allreducer_->group().rank());
   }
 }
 
@@ -247,11 +249,12 @@ void FusedReducer::ready(std::size_t tensor, const void* data, std::size_t bytes
 // have to serialise on the communicator. While no bucket is queued the thread
 // sleeps on a condition variable, so an idle rank spends no CPU on it; while a
 // collective waits for peers it backs off from spinning to sleeping
-// (back_off()).
-// Its waits for peers end in short sleeps (back_off()); Linux lets a sleep
-// overrun by the thread's timer slack, 50 us by default, which a bucket whose
-// peer is ready would wait on top of its reduction. 1 us of slack makes those
-// sleeps as short as asked (the thread sleeps no more often).
+// (back_off()); waits for a peer's flag in shared memory sleep on this rank's
+// doorbell until a peer rings it (Note [Doorbells] in shared_segments.hpp).
+// Linux lets a timed sleep overrun by the thread's timer slack, 50 us by
+// default, which a bucket whose peer is ready would wait on top of its
+// reduction. 1 us of slack makes those sleeps as short as asked (the thread
+// sleeps no more often).
 void FusedReducer::progress_loop() {
 #if defined(__linux__)
   prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);  // nanoseconds, this thread only
@@ -391,7 +394,10 @@ void FusedReducer::reduce_bucket(std::size_t id) {
 }
 
 void FusedReducer::reduce_own_chunk(std::size_t id) {
-  PatientWaits patient;  // the rank's compute threads want the cores meanwhile (deadline.hpp)
+  // The rank's compute threads want the cores meanwhile (deadline.hpp): sleep until a peer's flag changes
+  // (Note [Doorbells] in shared_segments.hpp).
+  SharedSegments::DoorbellSleeper sleeper(*segments_);
+  PatientWaits patient(&sleeper);
   Bucket& bucket = *buckets_[id];
   const std::uint64_t epoch = bucket.epoch.load(std::memory_order_acquire);
   segments_->wait_for_others(flag(id, kStaged), epoch, "gradient reducer (waiting for the peers' gradients)");
@@ -408,7 +414,9 @@ void FusedReducer::reduce_own_chunk(std::size_t id) {
 }
 
 bool FusedReducer::peers_reduced(std::size_t id, bool wait) {
-  PatientWaits patient;  // as in reduce_own_chunk
+  // As in reduce_own_chunk; ready() rings this rank's doorbell too when it queues a bucket, which ends this wait.
+  SharedSegments::DoorbellSleeper sleeper(*segments_);
+  PatientWaits patient(&sleeper);
   const std::uint64_t epoch = buckets_[id]->epoch.load(std::memory_order_acquire);
   ProcessGroup& group = allreducer_->group();
   const int self = group.rank();

@@ -1,8 +1,18 @@
 #include "shared_segments.hpp"
 
+#include <chrono>
+#include <climits>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#endif
 
 #include "errors.hpp"
 #include "mpi_call.hpp"
@@ -11,6 +21,13 @@ namespace tnt {
 
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "notification flags must be lock-free to work across processes");
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free && sizeof(std::atomic<std::uint32_t>) == 4,
+              "a doorbell's counter is a futex word shared between processes");
+
+namespace {
+// Note [Doorbells]: the longest sleep before a waiter checks its deadline and conditions again.
+constexpr long kDoorbellSleepLimitNanoseconds = 1000000;  // 1 ms
+}  // namespace
 
 // Note [Windows are freed in creation order]
 // A window that was not closed explicitly (its owner was garbage-collected,
@@ -38,7 +55,7 @@ UnclosedWindows& unclosed() {
 SharedSegments::SharedSegments(ProcessGroup& group, std::size_t data_bytes, int flags)
     : group_(group),
       flags_(flags),
-      header_bytes_(static_cast<std::size_t>(flags) * 64 + kNotesBytes),
+      header_bytes_(static_cast<std::size_t>(flags + 1) * 64 + kNotesBytes),
       data_bytes_(data_bytes),
       bases_(group.size()) {
   TNT_ASSERT(group.on_one_node(), "shared segments need a group on one node");
@@ -102,8 +119,50 @@ std::atomic<std::uint64_t>* SharedSegments::flag_of(int rank, int flag) const {
   return reinterpret_cast<std::atomic<std::uint64_t>*>(bases_[rank] + 64 * flag);
 }
 
+SharedSegments::Doorbell* SharedSegments::doorbell_of(int rank) const {
+  return reinterpret_cast<Doorbell*>(bases_[rank] + 64 * static_cast<std::size_t>(flags_));
+}
+
 void SharedSegments::notify(int flag, std::uint64_t epoch) {
-  flag_of(group_.rank(), flag)->store(epoch, std::memory_order_release);
+  // seq_cst, not release: a sleeper's check of this flag and its look at the rings must not both miss it.
+  flag_of(group_.rank(), flag)->store(epoch, std::memory_order_seq_cst);
+  for (int r = 0; r < group_.size(); ++r) {
+    if (r != group_.rank()) ring(r);
+  }
+}
+
+void SharedSegments::ring(int rank) {
+  Doorbell* bell = doorbell_of(rank);
+  bell->rings.fetch_add(1, std::memory_order_seq_cst);
+  if (bell->sleepers.load(std::memory_order_seq_cst) == 0) return;  // nobody to wake: no system call
+#if defined(__linux__)
+  // Not FUTEX_PRIVATE: the word is shared between processes.
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell->rings), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+#endif
+}
+
+SharedSegments::DoorbellSleeper::DoorbellSleeper(const SharedSegments& segments) : segments_(segments) {}
+
+SharedSegments::DoorbellSleeper::~DoorbellSleeper() {
+  if (armed_) segments_.doorbell_of(segments_.group_.rank())->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+void SharedSegments::DoorbellSleeper::sleep() {
+  Doorbell* bell = segments_.doorbell_of(segments_.group_.rank());
+  if (!armed_) {  // the caller checks its condition once more before the first sleep
+    armed_ = true;
+    bell->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    seen_ = bell->rings.load(std::memory_order_seq_cst);
+    return;
+  }
+#if defined(__linux__)
+  const timespec limit{0, kDoorbellSleepLimitNanoseconds};
+  // Returns at once if the rings moved since seen_ (EAGAIN), on a ring, or after the limit.
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell->rings), FUTEX_WAIT, seen_, &limit, nullptr, 0);
+#else
+  std::this_thread::sleep_for(std::chrono::microseconds(10));
+#endif
+  seen_ = bell->rings.load(std::memory_order_seq_cst);  // read before the caller's next check
 }
 
 std::uint64_t SharedSegments::peek(int rank, int flag) const {
