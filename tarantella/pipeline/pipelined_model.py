@@ -380,9 +380,13 @@ class PipelinedModel(keras.Model):
                                        self.placement.stage)
                 every = self._weight_pass_every()
                 if every and self.runner.defers_weight_gradients:
-                    passes = with_weight_passes(passes, every)
+                    passes = with_weight_passes(passes, every, fill_drain=self._fills_drain())
                 self._schedules[mode] = passes
         return self._schedules[mode]
+
+    def _fills_drain(self) -> bool:
+        """1F1B's first stage computes weight gradients while it waits in the drain (schedules.with_weight_passes)."""
+        return self.schedule_name == "1f1b" and self.placement.is_first_stage and self.placement.num_stages > 1
 
     def _weight_pass_every(self) -> int | None:
         """Micro-batches per weight pass (Note [Deferred weight gradients] in weight_gradients.py); None:

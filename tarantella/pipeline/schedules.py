@@ -16,7 +16,9 @@ gradients in the same order under both schedules.
 With deferred weight gradients (Note [Deferred weight gradients] in
 weight_gradients.py) a backward pass computes only the input gradients, and
 weight passes (WEIGHT) compute the weight gradients of the micro-batches
-whose backward ran since the previous weight pass (`with_weight_passes`).
+whose backward ran since the previous weight pass (`with_weight_passes`);
+1F1B's first stage runs one more right before its last backward, in the time
+it would otherwise wait for the drain.
 """
 from __future__ import annotations
 
@@ -62,17 +64,29 @@ def schedule(name: str, num_micro_batches: int, num_stages: int, stage: int) -> 
     return SCHEDULES[name](num_micro_batches, num_stages, stage)
 
 
-def with_weight_passes(passes: list[Pass], every: int) -> list[Pass]:
-    """`passes` with a weight pass after every `every`-th backward and after the last one."""
+def with_weight_passes(passes: list[Pass], every: int, fill_drain: bool = False) -> list[Pass]:
+    """`passes` with a weight pass after every `every`-th backward and after the last one.
+
+    fill_drain: also a weight pass right before the last backward (of the backwards since the previous
+    one), for a stage that would idle there and whose backwards nobody waits for: 1F1B's first stage, whose
+    last backward waits for the drain of the stages after it (S = 2: the last stage's last forward and
+    backward) and sends nothing upstream. It then computes its earlier micro-batches' weight gradients in
+    that wait instead of after it, as zero-bubble schedules fill the drain with W passes (Qi et al. 2023)."""
     result, backwards = [], 0
     last = max(i for i, p in enumerate(passes) if p.kind == BACKWARD) if passes else -1
     for i, p in enumerate(passes):
+        if fill_drain and i == last and backwards % every:   # backwards since the previous weight pass
+            result.append(Pass(WEIGHT, _last_backward(result)))
         result.append(p)
         if p.kind == BACKWARD:
             backwards += 1
             if backwards % every == 0 or i == last:
                 result.append(Pass(WEIGHT, p.micro_batch))
     return result
+
+
+def _last_backward(passes: list[Pass]) -> int:
+    return next(p.micro_batch for p in reversed(passes) if p.kind == BACKWARD)
 
 
 def ideal_bubble_fraction(num_micro_batches: int, num_stages: int) -> float:

@@ -142,6 +142,21 @@ def test_weight_passes_follow_their_backwards_and_count_as_held():
     assert with_weight_passes(gpipe(3, 2, 1), 2)[-3:] == [(WEIGHT, 1), (BACKWARD, 2), (WEIGHT, 2)]
 
 
+def test_the_first_stage_fills_its_drain_with_a_weight_pass():
+    # 1F1B's first stage: the earlier micro-batches' weight pass runs while the last backward's gradient is
+    # awaited, the last micro-batch's after it; every backward is covered by exactly one weight pass.
+    passes = with_weight_passes(one_f_one_b(8, 2, 0), 8, fill_drain=True)
+    assert passes[-4:] == [(BACKWARD, 6), (WEIGHT, 6), (BACKWARD, 7), (WEIGHT, 7)]
+    assert [p for p in passes if p.kind != WEIGHT] == one_f_one_b(8, 2, 0)
+    assert max_live_micro_batches(passes) == 8
+    # Nothing to fill when the previous weight pass already covered every earlier backward, or there is none.
+    assert with_weight_passes(one_f_one_b(4, 2, 0), 1, fill_drain=True) == with_weight_passes(one_f_one_b(4, 2, 0), 1)
+    assert with_weight_passes(one_f_one_b(1, 2, 0), 8, fill_drain=True) == [(FORWARD, 0), (BACKWARD, 0), (WEIGHT, 0)]
+    # With K = 3 per weight pass: passes after b2 and b5, then the fill before b7 covers b6 alone.
+    kinds = with_weight_passes(one_f_one_b(8, 2, 0), 3, fill_drain=True)
+    assert [p for p in kinds if p.kind == WEIGHT] == [(WEIGHT, 2), (WEIGHT, 5), (WEIGHT, 6), (WEIGHT, 7)]
+
+
 def test_balanced_cut_minimises_the_slowest_stage():
     assert balance.balanced_cut([1, 1, 1, 1], 2) == [2]
     assert balance.balanced_cut([5, 1, 1, 1, 1, 1], 2) == [1]
