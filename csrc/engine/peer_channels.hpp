@@ -56,7 +56,8 @@
 // Note [Transfers expire on the progress thread]
 // A transfer that is only awaited through when_done() (the TensorFlow ops)
 // has no blocking waiter to time it out, so the progress thread does: while
-// nothing completes it checks the oldest active transfer, and once one has
+// nothing completes it checks the active transfers (every 50 ms, by the
+// clock), and once one has
 // waited the group's timeout since it was queued the channels fail with a
 // timeout naming the peer and tag (as wait() would): a lost peer ends the
 // job instead of hanging it.
