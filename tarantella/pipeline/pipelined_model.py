@@ -64,8 +64,8 @@ from tarantella.pipeline import data as pipeline_data
 from tarantella.pipeline import stage_state
 from tarantella.pipeline.cut import choose_stages
 from tarantella.pipeline.partition import graph_of, partition
-from tarantella.pipeline.schedules import (FORWARD, Pass, check_micro_batches, schedule as make_schedule,
-                                           with_weight_passes)
+from tarantella.pipeline.schedules import (FORWARD, Pass, check_micro_batches, deferred_schedule,
+                                           schedule as make_schedule)
 from tarantella.pipeline.compiled_step import LAYER_LOSSES_TAG, LOGS_TAG, MicroBatchData, StageStep
 from tarantella.pipeline.topology import place
 
@@ -376,17 +376,15 @@ class PipelinedModel(keras.Model):
             if mode != "train":
                 self._schedules[mode] = [Pass(FORWARD, m) for m in range(self.num_micro_batches)]
             else:
-                passes = make_schedule(self.schedule_name, self.num_micro_batches, self.placement.num_stages,
-                                       self.placement.stage)
                 every = self._weight_pass_every()
                 if every and self.runner.defers_weight_gradients:
-                    passes = with_weight_passes(passes, every, fill_drain=self._fills_drain())
+                    passes = deferred_schedule(self.schedule_name, self.num_micro_batches,
+                                               self.placement.num_stages, self.placement.stage, every)
+                else:
+                    passes = make_schedule(self.schedule_name, self.num_micro_batches, self.placement.num_stages,
+                                           self.placement.stage)
                 self._schedules[mode] = passes
         return self._schedules[mode]
-
-    def _fills_drain(self) -> bool:
-        """1F1B's first stage computes weight gradients while it waits in the drain (schedules.with_weight_passes)."""
-        return self.schedule_name == "1f1b" and self.placement.is_first_stage and self.placement.num_stages > 1
 
     def _weight_pass_every(self) -> int | None:
         """Micro-batches per weight pass (Note [Deferred weight gradients] in weight_gradients.py); None:
