@@ -74,6 +74,9 @@ parser.add_argument("--batch", type=int, default=128)
 parser.add_argument("--steps", type=int, default=32)
 parser.add_argument("--budget-mib", type=float, default=None)
 parser.add_argument("--pin", action="store_true", help="run each rank on one core (local rank i on core i)")
+parser.add_argument("--records-out", default=None,
+                    help="pipelines: rank 0 also writes every rank's raw per-step pass times and step/function "
+                         "times to this JSON file (to read where a step's idle time goes)")
 args = parser.parse_args()
 MIB = 1024.0 * 1024.0
 
@@ -223,6 +226,9 @@ if tnt.get_rank() == 0:
         mean, per_stage = bubble(records)
         summary.update(bubble_fraction=mean, bubble_per_stage=per_stage, ideal_bubble_fraction=(S - 1) / (M + S - 1),
                        live_peak_per_stage=[r["live_peak"] for r in records], breakdown_per_stage=breakdown(records))
+    if args.records_out:
+        with open(args.records_out, "w") as f:
+            json.dump(records, f)
     for r in records:
         r.pop("steps_passes", None)
         r.pop("steps_times", None)

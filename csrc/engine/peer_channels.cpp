@@ -19,6 +19,10 @@ const char* kind_name(Transfer::Kind kind) { return kind == Transfer::Kind::send
 // two sides disagree about a tensor's shape), not an MPI failure.
 const char* const kSizeMismatch = "size mismatch: ";
 
+// How often the progress thread looks for overdue transfers while nothing completes (Note [Transfers
+// expire on the progress thread]): small against any timeout, rare against the polling.
+constexpr std::chrono::milliseconds kExpiryCheckInterval{50};
+
 // Live channels by id, for the TensorFlow face (PeerChannels::with_channels).
 std::mutex g_registry_mutex;
 std::map<int, PeerChannels*> g_registry;
@@ -93,20 +97,24 @@ TransferPtr PeerChannels::queue(Transfer::Kind kind, int peer, int tag, void* da
   transfer->bytes_ = bytes;
   transfer->queued_at_ = std::chrono::steady_clock::now();
   {
+    // Posted here, on the caller's thread (Note [Channels post on the caller's thread]), under the lock
+    // so that transfers are posted in the order they are queued.
     std::lock_guard<std::mutex> lock(mutex_);
     if (!error_.empty()) throw Error("the peer channels failed earlier: " + error_);
     if (stopping_) throw UsageError("the peer channels are closed");
+    post(*transfer);
     queued_.push_back(transfer);
   }
   work_.notify_one();
   return transfer;
 }
 
-// See Note [Channels post on their own thread].
+// See Note [Channels post on the caller's thread].
 void PeerChannels::progress_loop() {
   std::vector<int> indices;
   std::vector<MPI_Status> statuses;
   unsigned round = 0;
+  auto last_expiry_check = std::chrono::steady_clock::now();
   for (;;) {
     std::deque<TransferPtr> fresh;
     {
@@ -117,8 +125,9 @@ void PeerChannels::progress_loop() {
       active_count_ = active_.size() + fresh.size();
     }
     try {
+      // New transfers restart the back-off: a receive just posted is usually awaited soon.
+      if (!fresh.empty()) round = 0;
       for (TransferPtr& transfer : fresh) {
-        post(*transfer);
         active_.push_back(std::move(transfer));
         requests_.push_back(active_.back()->request_);
       }
@@ -131,7 +140,12 @@ void PeerChannels::progress_loop() {
       if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) raise_mpi_error(rc, "MPI_Testsome", __FILE__, __LINE__);
       if (count == MPI_UNDEFINED || count == 0) {
         back_off(round++);
-        if ((round & 255u) == 0) expire_overdue();
+        // By the clock, not by rounds: new transfers restart the rounds.
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last_expiry_check >= kExpiryCheckInterval) {
+          last_expiry_check = now;
+          expire_overdue();
+        }
         continue;
       }
       round = 0;
@@ -160,7 +174,15 @@ void PeerChannels::progress_loop() {
       return;
     }
   }
-  // Stopping: nobody will wait for what is left; let MPI forget it.
+  // Stopping: nobody will wait for what is left (posted, polled or not yet); let MPI forget it.
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (TransferPtr& transfer : queued_) {
+      active_.push_back(std::move(transfer));
+      requests_.push_back(active_.back()->request_);
+    }
+    queued_.clear();
+  }
   int finalized = 0;
   MPI_Finalized(&finalized);
   for (std::size_t i = 0; i < active_.size(); ++i) {
@@ -181,7 +203,6 @@ void PeerChannels::post(Transfer& transfer) {
     TNT_MPI(MPI_Irecv(transfer.data_, count, MPI_BYTE, transfer.peer_, transfer.tag_, group_->comm(),
                       &transfer.request_));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
   transfer.state_ = Transfer::State::active;
 }
 

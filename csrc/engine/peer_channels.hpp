@@ -8,27 +8,43 @@
 // non-overtaking rule), so a tag may be reused as soon as both sides post
 // their transfers in the same order.
 //
-// Note [Channels post on their own thread]
-// Every MPI call of a PeerChannels object runs on its progress thread, on its
-// own duplicate of the group's communicator (Note [One communicator per
-// user]): the framework thread only queues a transfer and returns, so posting
-// never waits for MPI's internal locks and the compute thread never drives
-// MPI's progress engine. The thread issues MPI_Isend/MPI_Irecv for queued
-// transfers, then polls all active ones with one MPI_Testsome, backing off
-// from spinning to sleeping (back_off()) while nothing completes, and sleeping
-// on a condition variable while nothing is queued or active, so an idle
-// channel costs no CPU. Completion fires the transfer's callbacks on the
-// progress thread, and wakes blocking waiters.
+// Note [Channels post on the caller's thread]
+// A transfer is posted (MPI_Isend/MPI_Irecv, on the channels' own duplicate of
+// the group's communicator: Note [One communicator per user]) by the thread
+// that queues it, and completed by the channels' progress thread, which polls
+// all active transfers with one MPI_Testsome, backing off from spinning to
+// sleeping (back_off()) while nothing completes, and sleeps on a condition
+// variable while nothing is active, so an idle channel costs no CPU.
+// Completion fires the transfer's callbacks on the progress thread and wakes
+// blocking waiters.
+// Why post on the caller's thread: a pipeline stage sends an activation and
+// goes straight on computing the next pass, and with a rank pinned to one
+// core the progress thread shares that core with TensorFlow's compute
+// thread. When the progress thread posted the send, the send waited for it to
+// get the core (the scheduler's time slice: 1-2 ms, as long as a pass), and
+// the next stage idled meanwhile: measured at batch 1024, M = 8, 2 pinned
+// stages, the first activation and the gradients a stage waited for at the
+// turn and the drain arrived 1.3-2 ms after they were sent; posted by the
+// sending op itself they arrive in 0.1-0.2 ms (bubble 0.20 -> 0.13; results/
+// pipeline/README.md). The post hands MPI the message's header (sm: eager up
+// to 4 KiB; larger messages are then pulled by the receiver, CMA single copy),
+// a few microseconds on the caller's thread. The polling stays on the
+// progress thread so that the compute thread never waits in MPI's progress
+// engine for a peer. Transfers are posted under the channels' lock, so they
+// reach MPI in the order they were queued (the non-overtaking rule above).
+// Newly posted transfers restart the progress thread's back-off: a receive
+// posted now is usually awaited soon, and the fast polling ends in sleeps
+// again if it is not.
 //
 // Lifecycle, in the order the stages run:
 //   PeerChannels()   framework thread, once: duplicate the communicator,
 //                    start the progress thread.
 //   send() / receive()
-//                    any framework thread, per buffer: queue a transfer and
+//                    any framework thread, per buffer: post a transfer and
 //                    return its handle at once; the buffer must stay valid and
 //                    untouched until the transfer is done.
-//   progress_loop()  the progress thread: post queued transfers, test active
-//                    ones, complete them (Note [Channels post on their own thread]).
+//   progress_loop()  the progress thread: test posted transfers, complete
+//                    them (Note [Channels post on the caller's thread]).
 //   when_done() / wait()
 //                    any framework thread, per transfer: a callback once the
 //                    transfer is done (or at once), or a blocking wait under
@@ -40,7 +56,8 @@
 // Note [Transfers expire on the progress thread]
 // A transfer that is only awaited through when_done() (the TensorFlow ops)
 // has no blocking waiter to time it out, so the progress thread does: while
-// nothing completes it checks the oldest active transfer, and once one has
+// nothing completes it checks the active transfers (every 50 ms, by the
+// clock), and once one has
 // waited the group's timeout since it was queued the channels fail with a
 // timeout naming the peer and tag (as wait() would): a lost peer ends the
 // job instead of hanging it.
@@ -86,7 +103,7 @@ class Transfer {
   int tag_ = 0;
   void* data_ = nullptr;              // caller's buffer; valid until done or failed
   std::size_t bytes_ = 0;             // exact size; a receive of another size fails
-  MPI_Request request_ = MPI_REQUEST_NULL;  // progress thread only
+  MPI_Request request_ = MPI_REQUEST_NULL;  // set when posted (under mutex_), then the progress thread's
   State state_ = State::queued;       // guarded by PeerChannels::mutex_
   std::string error_;                 // guarded by mutex_; set with State::failed
   bool timed_out_ = false;            // guarded by mutex_; error_ is a timeout
@@ -131,7 +148,7 @@ class PeerChannels {
  private:
   TransferPtr queue(Transfer::Kind kind, int peer, int tag, void* data, std::size_t bytes);
   void progress_loop();
-  void post(Transfer& transfer);
+  void post(Transfer& transfer);  // caller holds mutex_
   void complete(std::size_t index, const MPI_Status& status);
   void finish(Transfer& transfer, Transfer::State state, const std::string& error);
   void fail_all(const std::string& error, bool timed_out = false);
@@ -146,7 +163,7 @@ class PeerChannels {
   mutable std::mutex mutex_;
   std::condition_variable work_;     // the progress thread sleeps here while idle
   std::condition_variable finished_; // blocking wait() sleeps here
-  std::deque<TransferPtr> queued_;   // guarded by mutex_; posted by the progress thread in order
+  std::deque<TransferPtr> queued_;   // guarded by mutex_; posted, not yet polled by the progress thread
   bool stopping_ = false;            // guarded by mutex_
   std::string error_;                // guarded by mutex_; an MPI failure ends the channels
   std::size_t active_count_ = 0;     // guarded by mutex_; size of active_ for in_flight()

@@ -5,9 +5,10 @@
     handle = channels.receive(peer, tag, out_array)   # fills out_array later
     handle.wait()   # GIL released; TimeoutError naming the peer after TNT_TIMEOUT_SECONDS
 
-Transfers run on the engine's progress thread (Note [Channels post on their
-own thread] in csrc/engine/peer_channels.hpp); buffers must not be touched
-until their transfer is done. Channels are closed at exit, before the engine
+A transfer is posted by the calling thread and completed on the engine's
+progress thread (Note [Channels post on the caller's thread] in
+csrc/engine/peer_channels.hpp); buffers must not be touched until their
+transfer is done. Channels are closed at exit, before the engine
 stops MPI.
 """
 from __future__ import annotations

@@ -6,8 +6,9 @@ import pytest
 from tarantella.keras.layers import SplitLayer
 from tarantella.pipeline import balance
 from tarantella.pipeline.partition import graph_of, partition, stages_from_split_layers
-from tarantella.pipeline.schedules import (BACKWARD, FORWARD, WEIGHT, check_micro_batches, gpipe, ideal_bubble_fraction,
-                                           max_live_micro_batches, one_f_one_b, schedule, with_weight_passes)
+from tarantella.pipeline.schedules import (BACKWARD, FORWARD, WEIGHT, check_micro_batches, deferred_schedule, gpipe,
+                                           ideal_bubble_fraction, max_live_micro_batches, one_f_one_b, schedule,
+                                           with_weight_passes)
 from tarantella.pipeline.topology import place
 
 
@@ -140,6 +141,38 @@ def test_weight_passes_follow_their_backwards_and_count_as_held():
     assert max_live_micro_batches(with_weight_passes(one_f_one_b(8, 2, 0), 8)) == 8
     assert with_weight_passes(gpipe(4, 2, 1), 4)[-2:] == [(BACKWARD, 3), (WEIGHT, 3)]
     assert with_weight_passes(gpipe(3, 2, 1), 2)[-3:] == [(WEIGHT, 1), (BACKWARD, 2), (WEIGHT, 2)]
+
+
+def test_the_first_stage_fills_its_drain_with_a_weight_pass():
+    # 1F1B's first stage: the earlier micro-batches' weight pass runs while the last backward's gradient is
+    # awaited, the last micro-batch's after it; every backward is covered by exactly one weight pass.
+    passes = with_weight_passes(one_f_one_b(8, 2, 0), 8, fill_drain=True)
+    assert passes[-4:] == [(BACKWARD, 6), (WEIGHT, 6), (BACKWARD, 7), (WEIGHT, 7)]
+    assert [p for p in passes if p.kind != WEIGHT] == one_f_one_b(8, 2, 0)
+    assert max_live_micro_batches(passes) == 8
+    # Nothing to fill when the previous weight pass already covered every earlier backward, or there is none.
+    assert with_weight_passes(one_f_one_b(4, 2, 0), 1, fill_drain=True) == with_weight_passes(one_f_one_b(4, 2, 0), 1)
+    assert with_weight_passes(one_f_one_b(1, 2, 0), 8, fill_drain=True) == [(FORWARD, 0), (BACKWARD, 0), (WEIGHT, 0)]
+    # With K = 3 per weight pass: passes after b2 and b5, then the fill before b7 covers b6 alone.
+    kinds = with_weight_passes(one_f_one_b(8, 2, 0), 3, fill_drain=True)
+    assert [p for p in kinds if p.kind == WEIGHT] == [(WEIGHT, 2), (WEIGHT, 5), (WEIGHT, 6), (WEIGHT, 7)]
+
+
+def test_the_first_stage_places_its_weight_passes_where_it_would_wait():
+    # GPipe's first stage: one weight pass after the first half of its backwards (their gradients keep
+    # arriving meanwhile), one after the last; the other stages keep one weight pass per step.
+    backwards = [(BACKWARD, m) for m in range(8)]
+    assert deferred_schedule("gpipe", 8, 2, 0, 8) == (
+        [(FORWARD, m) for m in range(8)] + backwards[:4] + [(WEIGHT, 3)] + backwards[4:] + [(WEIGHT, 7)])
+    assert deferred_schedule("gpipe", 8, 2, 1, 8) == with_weight_passes(gpipe(8, 2, 1), 8)
+    assert deferred_schedule("gpipe", 8, 3, 1, 8)[-2:] == [(BACKWARD, 7), (WEIGHT, 7)]
+    assert [p for p in deferred_schedule("gpipe", 3, 2, 0, 3) if p.kind == WEIGHT] == [(WEIGHT, 1), (WEIGHT, 2)]
+    assert [p for p in deferred_schedule("gpipe", 8, 2, 0, 2) if p.kind == WEIGHT] == [
+        (WEIGHT, 1), (WEIGHT, 3), (WEIGHT, 5), (WEIGHT, 7)]       # already more often than that: as asked
+    # 1F1B's first stage fills its drain; one stage alone has nobody to wait for.
+    assert deferred_schedule("1f1b", 8, 2, 0, 8) == with_weight_passes(one_f_one_b(8, 2, 0), 8, fill_drain=True)
+    assert deferred_schedule("1f1b", 8, 2, 1, 8) == with_weight_passes(one_f_one_b(8, 2, 1), 8)
+    assert deferred_schedule("gpipe", 8, 1, 0, 8) == with_weight_passes(gpipe(8, 1, 0), 8)
 
 
 def test_balanced_cut_minimises_the_slowest_stage():
