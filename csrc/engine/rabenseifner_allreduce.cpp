@@ -1,7 +1,9 @@
 // Rabenseifner: a reduce-scatter by recursive halving (each step exchanges
 // half of the remaining range with a partner) followed by an allgather by
 // recursive doubling that retraces the same ranges. Bandwidth-optimal like the
-// ring but in 2*log2(p) steps; each element is reduced by one rank only.
+// ring but in 2*log2(p) - 1 steps (Note [The last halving and the first
+// doubling in one step]); each element is reduced by one rank only, but for
+// the last step's range, which both partners reduce alike.
 //
 // Note [Rabenseifner's exchange order]
 // The first halving step moves half the message, the last one 1/p of it. The
