@@ -8,7 +8,8 @@ places them.
 
     ring                2(p-1) steps of n/p bytes to the right neighbour
     recursive_doubling  fold to 2^k ranks, k steps of n bytes with partner r^mask, unfold
-    rabenseifner        fold, k halving steps (n/2, n/4, ...), k doubling steps, unfold
+    rabenseifner        fold, k-1 halving steps (n/2, n/4, ...), one exchange of the last
+                        range (2n/2^k), k-1 doubling steps, unfold
     shared_memory       rounds of 1 MiB: stage (p-1)/p, reduce own 1/p from p inputs,
                         gather (p-1)/p; 3 synchronisations per round (one node only)
     hierarchical        Note [Hierarchical allreduce] (hierarchical_allreduce.hpp): rounds of
@@ -112,11 +113,16 @@ def _butterfly(nbytes, ranks, cluster, halving: bool):
 
     if not halving:
         return total + sum(_step_time(pairs(m), nbytes, cluster, True) for m in masks)
+    if not masks:                       # one rank
+        return total
     size = nbytes
-    for m in reversed(masks):           # reduce-scatter: n/2, n/4, ... n/core
+    for m in reversed(masks[1:]):       # reduce-scatter: n/2, n/4, ... 2n/core
         size /= 2
         total += _step_time(pairs(m), size, cluster, True)
-    for m in masks:                     # allgather retraces: n/core ... n/2
+    # The last halving and the first allgather step are one exchange of the last range
+    # (Note [The last halving and the first doubling in one step], rabenseifner_allreduce.cpp).
+    total += _step_time(pairs(masks[0]), size, cluster, True)
+    for m in masks[1:]:                 # allgather retraces: 2n/core ... n/2
         total += _step_time(pairs(m), size, cluster, False)
         size *= 2
     return total

@@ -16,6 +16,7 @@
 #include "c_api.h"
 #include "engine.hpp"
 #include "errors.hpp"
+#include "exchange.hpp"
 #include "fused_reducer.hpp"
 #include "quarantine.hpp"
 
@@ -282,6 +283,8 @@ PYBIND11_MODULE(_engine, m) {
   });
   m.def("abi_version", &tnt_engine_abi_version);
   bind_peer_channels(m);
+  // For tests that check messages just below and above a piece's size (Note [Messages in pieces]).
+  m.attr("exchange_piece_bytes") = tnt::kPieceBytes;
   m.def("choose_algorithm", [](std::size_t bytes) {
     return std::string(tnt::algorithm_name(tnt::Engine::get().world_allreducer().choose(bytes)));
   });

@@ -1,7 +1,7 @@
 """Checks every engine collective on however many ranks run it.
 
-Every algorithm x dtype x op x length (0, 1, p-1, p+1, a prime, 64 MiB) is
-compared with numpy, results are checked bitwise identical on all ranks and
+Every algorithm x dtype x op x length (0, 1, p-1, p+1, a prime, 64 MiB), and
+the flat algorithms at lengths around an exchange's piece, are compared with numpy, results are checked bitwise identical on all ranks and
 across two runs, then broadcast, allgather, object collectives, sub-groups and
 the fused reducer (tensors marked ready in a different order on every rank).
 Prints "CHECKED <n>" on success; any failure raises (and ends the job).
@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 import tarantella as tnt
+from tarantella import _engine as tnt_engine
 import exact_inputs  # beside this program
 from exact_inputs import contribution
 
@@ -58,6 +59,21 @@ for algorithm in ALGORITHMS:
                 check(got.dtype == want.dtype and got.shape == want.shape, f"{algorithm} {dtype} {op} {length}: shape")
                 check(np.array_equal(got.astype(np.float64), want.astype(np.float64)),
                       f"{algorithm} {np.dtype(dtype).name} {op} len={length}: got {got[:6]} want {want[:6]}")
+# Messages just below, at and above an exchange's piece (Note [Messages in pieces]
+# in csrc/engine/exchange.hpp): whole-vector steps (recursive doubling, Rabenseifner
+# on 2 ranks) and half-vector ones (Rabenseifner's first step on 4) meet each boundary.
+PIECE_BYTES = tnt_engine.exchange_piece_bytes
+for dtype in (np.float32, np.float64, np.float16):
+    per_piece = PIECE_BYTES // np.dtype(dtype).itemsize
+    for length in sorted({per_piece - 1, per_piece, per_piece + 1, 2 * per_piece, 2 * per_piece + 1,
+                          4 * per_piece + 3}):
+        mine = contribution(length, dtype, rank)
+        want = expected(length, dtype, "sum")
+        for algorithm in ("ring", "recursive_doubling", "rabenseifner", "auto"):
+            got = tnt.allreduce(mine, algorithm=algorithm)
+            check(np.array_equal(got.astype(np.float64), want.astype(np.float64)),
+                  f"{algorithm} {np.dtype(dtype).name} len={length} (pieces of {PIECE_BYTES} bytes)")
+    expected.cache_clear()
 # 64 MiB for every dtype and algorithm (sum, in place); buffers are reused to
 # keep page faults out of the run time.
 for dtype in DTYPES:

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 import tarantella as tnt
+from tarantella import _engine as tnt_engine
 from expect_error import expect  # beside this program
 from tarantella.errors import GroupFailedError
 
@@ -33,10 +34,18 @@ def ok(name):
     print(f"OK {name}", flush=True)
 
 
+# float32 elements in one piece of an exchange's message (Note [Messages in pieces] in
+# csrc/engine/exchange.hpp).
+PER_PIECE = tnt_engine.exchange_piece_bytes // 4
+
+
 def calls_alike():
-    for algorithm in ("auto", "hierarchical", "ring", "recursive_doubling", "rabenseifner", "mpi"):
-        got = tnt.allreduce(np.full(1000, rank + 1, np.float32), algorithm=algorithm)
-        assert np.array_equal(got, np.full(1000, size * (size + 1) / 2, np.float32)), (algorithm, got[:4])
+    # Lengths around a piece's size: whole-vector and half-vector steps meet each boundary.
+    for length in (1000, PER_PIECE - 1, PER_PIECE, PER_PIECE + 1, 2 * PER_PIECE + 1, 4 * PER_PIECE + 3):
+        for algorithm in ("auto", "hierarchical", "ring", "recursive_doubling", "rabenseifner", "mpi"):
+            got = tnt.allreduce(np.arange(length, dtype=np.float32) % 7 + rank + 1, algorithm=algorithm)
+            want = (np.arange(length, dtype=np.float32) % 7) * size + size * (size + 1) / 2
+            assert np.array_equal(got, want), (algorithm, length, got[:4])
     ok("calls alike are right")
 
 
@@ -74,11 +83,13 @@ else:
            lambda: tnt.allreduce(np.ones(count * 1000, np.float32), algorithm="mpi"),
            "rank 0 had float32[10000] sum via mpi", f"rank {last} had float32[11000] sum via mpi")
     assert not world.failed
-    # One rank per host: the last rank's message is longer than the others' receive
-    # (Note [A receive never truncates]).
+    # One rank per host: the last rank's message is one element longer than the others'
+    # receive, and takes a second piece (Note [A receive never truncates], Note [Messages
+    # in pieces]).
+    longer = PER_PIECE + (1 if rank == last else 0)
     expect(tnt.MismatchError, "count mismatch alongside the data",
-           lambda: tnt.allreduce(np.ones(count * 1000, np.float32)),
-           "rank 0 had float32[10000] sum via auto", f"rank {last} had float32[11000] sum via auto",
+           lambda: tnt.allreduce(np.ones(longer, np.float32)),
+           f"rank 0 had float32[{PER_PIECE}] sum via auto", f"rank {last} had float32[{PER_PIECE + 1}] sum via auto",
            "unusable")
 
 # After a mismatch found while data moved the group has failed: every later call refuses at once,
