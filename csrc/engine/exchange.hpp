@@ -21,8 +21,8 @@
 // acknowledgement, then the rest, each turn waiting for the other side to be
 // scheduled and to poll. The TCP transport's limit is 64 KiB including its
 // headers (`ompi_info --param btl tcp --level 9`: btl_tcp_eager_limit). So an
-// exchange sends a message in pieces of at most kPieceBytes, all posted at
-// once, and receives them in order (MPI keeps the order of messages with one
+// exchange sends a message in pieces of at most kPieceBytes, posted ahead
+// (up to kPiecesInFlight at once), and receives them in order (MPI keeps the order of messages with one
 // source, tag and communicator): no rendezvous turn, and the pieces stream
 // back to back. On the namespace hosts of the benchmark (4 hosts x 1 rank)
 // this made Rabenseifner 1.5-2x faster from 256 KiB to 4 MiB and 1.1x at
