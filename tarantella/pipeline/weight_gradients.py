@@ -23,9 +23,10 @@ What it costs: x_m and dz_m of every micro-batch whose W pass has not run (a
 layer's input and output gradient, not the whole forward's activations).
 GPipe holds all micro-batches' activations anyway, so it defers by default
 (one W pass per step; two on the first stage, which places its W passes where
-it would wait: Note [The first stage's weight passes] in schedules.py); 1F1B does not by default, since its point is to hold
-at most S - stage micro-batches, and deferring over the step would hold the
-layer inputs of all of them (schedules.max_live_micro_batches counts them).
+it would wait: Note [The first stage's weight passes] in schedules.py); 1F1B
+does not by default, since its point is to hold at most S - stage
+micro-batches, and deferring over the step would hold the layer inputs of all
+of them (schedules.max_live_micro_batches counts them).
 A B pass's results include its dz's, so the backward's work runs in that
 pass (not later, whenever TensorFlow's executor is free, which would keep the
 tape's activations alive and blur the per-pass timestamps).

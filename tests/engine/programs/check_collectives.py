@@ -1,8 +1,9 @@
 """Checks every engine collective on however many ranks run it.
 
 Every algorithm x dtype x op x length (0, 1, p-1, p+1, a prime, 64 MiB), and
-the flat algorithms at lengths around an exchange's piece, are compared with numpy, results are checked bitwise identical on all ranks and
-across two runs, then broadcast, allgather, object collectives, sub-groups and
+the flat algorithms at lengths around an exchange's piece, are compared with
+numpy, results are checked bitwise identical on all ranks and across two runs,
+then broadcast, allgather, object collectives, sub-groups and
 the fused reducer (tensors marked ready in a different order on every rank).
 Prints "CHECKED <n>" on success; any failure raises (and ends the job).
 """
