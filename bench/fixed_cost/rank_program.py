@@ -7,7 +7,8 @@ rank's figures.
     tarantella -n 2 -- bench/fixed_cost/rank_program.py --mode paired --model mlp8x512 --pairs 6
 
 Mode `paired` times plain Keras and tnt.Model in ONE process per rank, their fits alternating
-(Keras, tnt, Keras, tnt, ...; at 2 ranks both ranks' Keras fits run at once, with no exchange): both
+(Keras, lockstep, tnt, tnt, lockstep, Keras, ...; at 2 ranks both ranks' Keras fits run at once, with no
+exchange; lockstep is the Keras fit with a barrier after every step, _lockstep_callback): all three
 see the same process, cores and moment, so the per-pair ratio tnt / Keras is free of the
 launch-to-launch spread (several % on small models) that separate launches add to their difference.
 Keras fits the tnt.Model's own wrapped model (tnt's compile compiles it alike, with the same
@@ -102,13 +103,27 @@ def _fitter(spec, model, mode: str, args, ranks: _Ranks, same_data_on_every_rank
     return fit
 
 
-def _timed_fit(fit, steps: int, ranks: _Ranks) -> list[float]:
+def _timed_fit(fit, steps: int, ranks: _Ranks, callbacks=()) -> list[float]:
     """Every step's seconds of one fit of `steps` steps, begun by all ranks together."""
     from bench.programs.step_timer import StepTimer
     ranks.barrier()  # both ranks' timed steps start together
     timer = StepTimer()
-    fit(steps, [timer])
+    fit(steps, [timer, *callbacks])
     return timer.step_times
+
+
+def _lockstep_callback(barrier):
+    """A Keras callback that ends every train step with `barrier`: plain Keras on every rank made to run in
+    lockstep, moving no data. What that adds over free-running Keras on every rank is the least any
+    synchronous exchange adds, whatever it moves and however fast: every step waits for the slower rank.
+    At one rank it measures the callback's own cost."""
+    import keras
+
+    class Lockstep(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            barrier()
+
+    return Lockstep()
 
 
 def _description(spec, model, ranks: _Ranks) -> dict:
@@ -148,13 +163,16 @@ def _paired(args, ranks: _Ranks) -> dict:
             "tnt": (distributed, _fitter(spec, distributed, "tnt", args, ranks))}
     for _, fit in fits.values():
         fit(args.warmup_steps)  # traces the step, warms caches
+    # Keras in lockstep: the same fit as Keras's, with a barrier after every step (_lockstep_callback)
+    fits["lockstep"] = (fits["keras"][0], fits["keras"][1])
+    extra = {"lockstep": [_lockstep_callback(ranks.barrier)]}
     pairs = []
     for index in range(args.pairs):
         pair = {}
         # Keras first in even pairs, tnt first in odd ones: a drift of the machine's speed during the run
         # favours neither.
-        for mode in ("keras", "tnt") if index % 2 == 0 else ("tnt", "keras"):
-            pair[mode] = statistics.median(_timed_fit(fits[mode][1], args.steps, ranks))
+        for mode in ("keras", "lockstep", "tnt") if index % 2 == 0 else ("tnt", "lockstep", "keras"):
+            pair[mode] = statistics.median(_timed_fit(fits[mode][1], args.steps, ranks, extra.get(mode, ())))
         pairs.append(pair)
     every_rank = ranks.gather(pairs)  # [rank][pair] -> {"keras": s, "tnt": s}
     reducer = ranks.gather(_last_step_reduction(fits["tnt"][0]))
@@ -213,6 +231,7 @@ def _collectives(args, ranks: _Ranks) -> dict:
         figures["mpi_allreduce_s"] = _timed(
             lambda: MPI.COMM_WORLD.Allreduce(buffer, scratch, op=MPI.SUM), ranks, args.repetitions)
         figures["memcpy_s"] = _timed(lambda: np.copyto(scratch, buffer), ranks, args.repetitions)
+        figures["barrier_s"] = _timed(ranks.barrier, ranks, args.repetitions)  # the lockstep fit's own rendezvous
         reducer = _engine.Reducer([(count, "float32") for count in counts], settings.fusion_threshold_bytes,
                                   "sum", settings.allreduce_algorithm, world)
         pieces = np.split(buffer, np.cumsum(counts)[:-1])

@@ -9,7 +9,7 @@ ONE_RANK_GOAL = 0.03   # tnt x1 at most 3% above keras x1
 ADDED_TIME_GOAL = 1.5  # tnt x2 - keras_each x2 at most 1.5 x the engine's allreduce of the gradient bytes
 LABELS = {("keras", 1): "keras_x1", ("tnt", 1): "tnt_x1", ("keras", 2): "keras_each_x2", ("tnt", 2): "tnt_x2",
           ("tnt_metrics_after", 2): "tnt_metrics_after_x2"}
-COLLECTIVE_FIGURES = ("engine_allreduce_s", "mpi_allreduce_s", "reducer_step_s", "memcpy_s")
+COLLECTIVE_FIGURES = ("engine_allreduce_s", "mpi_allreduce_s", "reducer_step_s", "memcpy_s", "barrier_s")
 
 
 def _run_step(row) -> float:
@@ -22,29 +22,45 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def _pairs(rows) -> dict[tuple[str, int], list[tuple[float, float]]]:
-    """{(model:micro-batch, ranks): [(keras, tnt) per pair of every paired run]}, each the mean over ranks
-    of that rank's median step in the pair's fit."""
-    pairs: dict[tuple[str, int], list[tuple[float, float]]] = {}
+def _pairs(rows) -> dict[tuple[str, int], list[dict[str, float]]]:
+    """{(model:micro-batch, ranks): [{"keras": s, "tnt": s, "lockstep": s} per pair of every paired run]}, each
+    the mean over ranks of that rank's median step in the pair's fit (lockstep: runs from before it was
+    measured lack it)."""
+    pairs: dict[tuple[str, int], list[dict[str, float]]] = {}
     for row in rows:
         if row["mode"] != "paired":
             continue
         per_rank = row["rank_pairs"]
         for index in range(len(per_rank[0])):
-            keras_s = statistics.mean(rank[index]["keras"] for rank in per_rank)
-            tnt_s = statistics.mean(rank[index]["tnt"] for rank in per_rank)
-            pairs.setdefault((f"{row['model']}:{row['micro_batch']}", row["ranks"]), []).append((keras_s, tnt_s))
+            fits = [fit for fit in ("keras", "tnt", "lockstep") if fit in per_rank[0][index]]
+            pair = {fit: statistics.mean(rank[index][fit] for rank in per_rank) for fit in fits}
+            pairs.setdefault((f"{row['model']}:{row['micro_batch']}", row["ranks"]), []).append(pair)
     return pairs
 
 
 def _paired_figures(pairs) -> dict:
-    """Medians over pairs: Keras's step, tnt's step, tnt / Keras - 1 and tnt - Keras."""
+    """Medians over pairs: Keras's step, tnt's step, tnt / Keras - 1 and tnt - Keras; where measured, the
+    lockstep Keras fit's step and what it adds over Keras (the cost of running in lockstep alone)."""
     if not pairs:
         return {}
-    return {"pairs": len(pairs), "keras_s": statistics.median(k for k, _ in pairs),
-            "tnt_s": statistics.median(t for _, t in pairs),
-            "overhead": statistics.median(t / k - 1 for k, t in pairs),
-            "added_s": statistics.median(t - k for k, t in pairs)}
+    figures = {"pairs": len(pairs), "keras_s": statistics.median(p["keras"] for p in pairs),
+               "tnt_s": statistics.median(p["tnt"] for p in pairs),
+               "overhead": statistics.median(p["tnt"] / p["keras"] - 1 for p in pairs),
+               "added_s": statistics.median(p["tnt"] - p["keras"] for p in pairs)}
+    locked = [p for p in pairs if "lockstep" in p]
+    if locked:
+        figures.update(lockstep_s=statistics.median(p["lockstep"] for p in locked),
+                       lockstep_added_s=statistics.median(p["lockstep"] - p["keras"] for p in locked))
+    return figures
+
+
+def _exchange_floor(allreduce_s, lockstep_added_s, barrier_s):
+    """The least a synchronous gradient exchange can add to a step at 2 ranks: the allreduce itself, plus
+    the wait for the slower rank that running in lockstep costs (the lockstep fit's added time without its
+    barrier's own latency, which the allreduce already pays). None where not measured."""
+    if allreduce_s is None or lockstep_added_s is None or barrier_s is None:
+        return None
+    return allreduce_s + max(0.0, lockstep_added_s - barrier_s)
 
 
 def summarize(rows) -> dict:
@@ -83,10 +99,11 @@ def summarize(rows) -> dict:
                                                            "reducer_copies_per_byte": entry.get(
                                                                "reducer_copies_per_byte"),
                                                            "runs": []})
-            into["runs"].append({key: entry[key] for key in COLLECTIVE_FIGURES})
+            into["runs"].append({key: entry[key] for key in COLLECTIVE_FIGURES if key in entry})
     for model, into in collectives.items():
         for key in COLLECTIVE_FIGURES:
-            into[key] = statistics.median(run[key] for run in into["runs"])
+            measured = [run[key] for run in into["runs"] if key in run]
+            into[key] = statistics.median(measured) if measured else None
         into["reducer_throughput_gb_s"] = into["gradient_bytes"] / into["reducer_step_s"] / 1e9
         into["memcpy_throughput_gb_s"] = into["gradient_bytes"] / into["memcpy_s"] / 1e9
         # The reducer's step in units of one memcpy of the same bytes (both ranks copying at once).
@@ -105,6 +122,8 @@ def summarize(rows) -> dict:
         # The goals take the paired figures where measured (side by side in one process), else separate launches.
         overhead = one_paired.get("overhead", separate_overhead)
         added = two_paired.get("added_s", separate_added)
+        floor = _exchange_floor(allreduce, two_paired.get("lockstep_added_s"),
+                                collectives.get(name, {}).get("barrier_s"))
         goals[model] = {
             "measured_by": {"one_rank": "paired" if one_paired else "separate launches",
                             "two_ranks": "paired" if two_paired else "separate launches"},
@@ -116,6 +135,10 @@ def summarize(rows) -> dict:
             "engine_allreduce_s": allreduce,
             "added_vs_engine_allreduce": _ratio(added, allreduce),
             "two_rank_goal_met": (added <= ADDED_TIME_GOAL * allreduce) if added is not None and allreduce else None,
+            "lockstep_added_s": two_paired.get("lockstep_added_s"),
+            "lockstep_call_s": one_paired.get("lockstep_added_s"),
+            "exchange_floor_s": floor,
+            "floor_vs_engine_allreduce": _ratio(floor, allreduce),
             "metric_fusion_saves_s": (value("tnt_metrics_after_x2") - value("tnt_x2")
                                       if value("tnt_metrics_after_x2") and value("tnt_x2") else None),
             # tnt x2's last timed step: reduction after the last hand-over (not hidden by backprop), and busy time
@@ -133,6 +156,10 @@ def summarize(rows) -> dict:
 
 def _ms(value) -> str:
     return "-" if value is None else f"{value * 1e3:.2f} ms"
+
+
+def _us(value) -> str:
+    return "-" if value is None else f"{value * 1e6:.0f} us"
 
 
 def _bytes(value) -> str:
@@ -181,6 +208,23 @@ def markdown(summary) -> str:
             lines.append(f"| {model} | {one.get('pairs', '-')} | {_ms(one.get('keras_s'))} | {_ms(one.get('tnt_s'))} "
                          f"| {_pct(one.get('overhead'))} | {two.get('pairs', '-')} | {_ms(two.get('keras_s'))} | "
                          f"{_ms(two.get('tnt_s'))} | {_ms(two.get('added_s'))} |")
+    floor_rows = [(model, goal) for model, goal in summary["goals"].items() if goal.get("lockstep_added_s") is not None]
+    if floor_rows:
+        lines += ["", "Lockstep: the Keras fit of the paired runs with a barrier after every step (no data moved), "
+                  "against the same fit running free; medians over pairs. A synchronous exchange, however fast, "
+                  "makes every step wait for the slower rank: the floor is the engine's allreduce plus that wait "
+                  "(lockstep x2's added time less the barrier's own latency); lockstep x1 is the callback's own "
+                  "cost at one rank.", "",
+                  "| model:micro-batch | lockstep x1 added | lockstep x2 added | barrier | engine allreduce "
+                  "| floor | floor / allreduce | tnt added | tnt added / allreduce |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for model, goal in floor_rows:
+            barrier = summary["collectives"].get(model.split(":")[0], {}).get("barrier_s")
+            floor_ratio, ratio = goal["floor_vs_engine_allreduce"], goal["added_vs_engine_allreduce"]
+            lines.append(f"| {model} | {_us(goal['lockstep_call_s'])} | {_us(goal['lockstep_added_s'])} | "
+                         f"{_us(barrier)} | {_us(goal['engine_allreduce_s'])} | {_us(goal['exchange_floor_s'])} | "
+                         f"{'-' if floor_ratio is None else f'{floor_ratio:.2f}'} | "
+                         f"{_us(goal['added_over_no_exchange_s'])} | {'-' if ratio is None else f'{ratio:.2f}'} |")
     lines += ["", "reduction tail: in tnt x2's last timed step (mean over ranks, median over runs), the time from the "
               "last hand-over to the reducer (last gradient or metric state) to the last reduced bucket: the "
               "reduction backprop did not hide; the rest of `added` is spent elsewhere (copies, waits, Python).",
@@ -206,6 +250,7 @@ def one_line(row) -> str:
         figures = _paired_figures(_pairs([row]).popitem()[1])
         return (f"{row['model']}:{row['micro_batch']} paired x{row['ranks']}: keras {_ms(figures['keras_s'])} "
                 f"tnt {_ms(figures['tnt_s'])} ({_pct(figures['overhead'])}, +{_ms(figures['added_s'])}) "
+                f"lockstep +{_us(figures.get('lockstep_added_s'))} "
                 f"({row['seconds']} s, load {row['load_average_1m']})")
     if row["mode"] == "collectives":
         parts = [f"{r['model']} allreduce {_ms(r['engine_allreduce_s'])} mpi {_ms(r['mpi_allreduce_s'])} "

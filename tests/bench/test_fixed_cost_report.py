@@ -75,3 +75,27 @@ def test_paired_runs_give_the_goals_per_pair():
     assert "+1.0% met (paired)" in text and "1.10 ms (paired)" in text
     assert "| mlp8x512:32 | 3 | 10.00 ms | 10.10 ms | +1.0% | 3 | 5.50 ms | 6.40 ms | 1.10 ms |" in text
     assert "paired x2" in report.one_line(rows[3])
+
+
+def test_lockstep_fits_give_the_floor_of_any_synchronous_exchange():
+    paired_x2 = _paired("digits_mlp", 32, 2, [(0.00050, 0.00070), (0.00060, 0.00075), (0.00055, 0.00070)])
+    for rank in paired_x2["rank_pairs"]:  # lockstep adds 40, 30 and 35 us over Keras in the three pairs
+        for pair, lockstep in zip(rank, (0.00054, 0.00063, 0.000585)):
+            pair["lockstep"] = lockstep
+    paired_x1 = _paired("digits_mlp", 32, 1, [(0.00050, 0.00051)])
+    paired_x1["rank_pairs"][0][0]["lockstep"] = 0.000502
+    collectives = _collectives("digits_mlp", 9_640, 0.000005, 0.00001, 0.000001)
+    collectives["rows"][0]["barrier_s"] = 0.000001
+    summary = report.summarize([paired_x1, paired_x2, collectives])
+    goals = summary["goals"]["digits_mlp:32"]
+    assert goals["lockstep_added_s"] == pytest.approx(35e-6) and goals["lockstep_call_s"] == pytest.approx(2e-6)
+    assert goals["exchange_floor_s"] == pytest.approx(5e-6 + 35e-6 - 1e-6)  # allreduce + lockstep less the barrier
+    assert goals["floor_vs_engine_allreduce"] == pytest.approx(7.8)
+    text = report.markdown(summary)
+    assert "| digits_mlp:32 | 2 us | 35 us | 1 us | 5 us | 39 us | 7.80 | 150 us | 30.00 |" in text
+    assert "lockstep +35 us" in report.one_line(paired_x2)
+    # Runs from before the lockstep fit existed still summarize, without the floor.
+    old = report.summarize([_paired("digits_mlp", 32, 2, [(0.0005, 0.0007)]),
+                            _collectives("digits_mlp", 9_640, 0.000005, 0.00001, 0.000001)])
+    assert old["goals"]["digits_mlp:32"]["exchange_floor_s"] is None
+    assert "Lockstep:" not in report.markdown(old)
