@@ -22,6 +22,10 @@ micro-batch on every rank, the runs interleaved and repeated):
                    (memory layout, which core, the moment), which the difference of two launches keeps;
                    a pair sees the same process and moment. The goals take the median over pairs where
                    these ran (marked "(paired)" in summary.md), else the separate launches' medians.
+                   A third fit per pair, lockstep, is the Keras fit with a barrier after every step
+                   (no data moved): what it adds at 2 ranks is the wait for the slower rank that any
+                   synchronous exchange pays, however fast; the engine's allreduce plus that wait is
+                   the floor of the added time (the "Lockstep" table; at 1 rank, the callback's cost)
   tnt_metrics_after x2
                    tnt.Model with the metric state reduced after the gradients, as before
                    Note [Metric state rides with the gradients] (only with --configs)
@@ -30,7 +34,8 @@ micro-batch on every rank, the runs interleaved and repeated):
                    model's own gradient set (its tensors, the default 32 KiB buckets, marked ready and
                    collected from numpy) and one memcpy of the same bytes on both ranks at once (the
                    memory-copy bound); the reducer's throughput against that bound is reported for
-                   every model (for ResNet-50: its ~100 MB gradient set, issue 10 §3's last point)
+                   every model (for ResNet-50: its ~100 MB gradient set, issue 10 §3's last point); and
+                   the engine's barrier (the lockstep fit's own rendezvous)
 Each tnt x2 run also records its last timed step's reduction from the engine's bucket times (read
 after the fit): the "reduction tail" from the last hand-over to the last result is the part of the
 added time that backprop did not hide; what remains of it went to copies, waits and Python.
