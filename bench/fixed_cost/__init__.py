@@ -24,8 +24,9 @@ micro-batch on every rank, the runs interleaved and repeated):
                    these ran (marked "(paired)" in summary.md), else the separate launches' medians.
                    A third fit per pair, lockstep, is the Keras fit with a barrier after every step
                    (no data moved): what it adds at 2 ranks is the wait for the slower rank that any
-                   synchronous exchange pays, however fast; the engine's allreduce plus that wait is
-                   the floor of the added time (the "Lockstep" table; at 1 rank, the callback's cost)
+                   synchronous exchange pays, however fast; the larger of that wait and the engine's
+                   allreduce (which may run while a rank would wait) is the floor of the added time
+                   (the "Lockstep" table; at 1 rank, the callback's cost)
   tnt_metrics_after x2
                    tnt.Model with the metric state reduced after the gradients, as before
                    Note [Metric state rides with the gradients] (only with --configs)

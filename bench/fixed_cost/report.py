@@ -55,12 +55,13 @@ def _paired_figures(pairs) -> dict:
 
 
 def _exchange_floor(allreduce_s, lockstep_added_s, barrier_s):
-    """The least a synchronous gradient exchange can add to a step at 2 ranks: the allreduce itself, plus
-    the wait for the slower rank that running in lockstep costs (the lockstep fit's added time without its
-    barrier's own latency, which the allreduce already pays). None where not measured."""
+    """The least a synchronous gradient exchange can add to a step at 2 ranks: the wait for the slower rank
+    that running in lockstep costs (the lockstep fit's added time without its barrier's own latency), and at
+    least the allreduce itself, though not both: the allreduce may run while a rank would wait. None where
+    not measured."""
     if allreduce_s is None or lockstep_added_s is None or barrier_s is None:
         return None
-    return allreduce_s + max(0.0, lockstep_added_s - barrier_s)
+    return max(allreduce_s, lockstep_added_s - barrier_s)
 
 
 def summarize(rows) -> dict:
@@ -158,6 +159,14 @@ def _ms(value) -> str:
     return "-" if value is None else f"{value * 1e3:.2f} ms"
 
 
+def _signed_ms(value) -> str:
+    return "-" if value is None else f"{value * 1e3:+.2f} ms"
+
+
+def _signed_us(value) -> str:
+    return "-" if value is None else f"{value * 1e6:+.0f} us"
+
+
 def _us(value) -> str:
     return "-" if value is None else f"{value * 1e6:.0f} us"
 
@@ -212,9 +221,9 @@ def markdown(summary) -> str:
     if floor_rows:
         lines += ["", "Lockstep: the Keras fit of the paired runs with a barrier after every step (no data moved), "
                   "against the same fit running free; medians over pairs. A synchronous exchange, however fast, "
-                  "makes every step wait for the slower rank: the floor is the engine's allreduce plus that wait "
-                  "(lockstep x2's added time less the barrier's own latency); lockstep x1 is the callback's own "
-                  "cost at one rank.", "",
+                  "makes every step wait for the slower rank (lockstep x2's added time less the barrier's own "
+                  "latency) and costs at least its allreduce, which may run while a rank would wait: the floor is "
+                  "the larger of the two. Lockstep x1 is the callback's own cost at one rank.", "",
                   "| model:micro-batch | lockstep x1 added | lockstep x2 added | barrier | engine allreduce "
                   "| floor | floor / allreduce | tnt added | tnt added / allreduce |",
                   "|---|---|---|---|---|---|---|---|---|"]
@@ -249,8 +258,8 @@ def one_line(row) -> str:
     if row["mode"] == "paired":
         figures = _paired_figures(_pairs([row]).popitem()[1])
         return (f"{row['model']}:{row['micro_batch']} paired x{row['ranks']}: keras {_ms(figures['keras_s'])} "
-                f"tnt {_ms(figures['tnt_s'])} ({_pct(figures['overhead'])}, +{_ms(figures['added_s'])}) "
-                f"lockstep +{_us(figures.get('lockstep_added_s'))} "
+                f"tnt {_ms(figures['tnt_s'])} ({_pct(figures['overhead'])}, {_signed_ms(figures['added_s'])}) "
+                f"lockstep {_signed_us(figures.get('lockstep_added_s'))} "
                 f"({row['seconds']} s, load {row['load_average_1m']})")
     if row["mode"] == "collectives":
         parts = [f"{r['model']} allreduce {_ms(r['engine_allreduce_s'])} mpi {_ms(r['mpi_allreduce_s'])} "

@@ -40,6 +40,9 @@ def _parse(argv):
                              "tnt_metrics_after:2 collectives:2); default all but tnt_metrics_after:2")
     parser.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "fixed_cost"))
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per launch")
+    parser.add_argument("--summarize-only", action="store_true",
+                        help="launch nothing: rewrite summary.json and summary.md in --out from its runs.jsonl "
+                             "(after a change to the report), keeping the run's machine, source and settings")
     return parser.parse_args(argv)
 
 
@@ -83,8 +86,35 @@ def _launch(program_args, ranks, args) -> dict:
     return row
 
 
+def _write_summary(out, rows, header) -> str:
+    summary = {**header, **report.summarize(rows)}
+    with open(os.path.join(out, "summary.json"), "w") as handle:
+        json.dump(summary, handle, indent=2, sort_keys=True)
+    markdown = report.markdown(summary)
+    with open(os.path.join(out, "summary.md"), "w") as handle:
+        handle.write(markdown)
+    return markdown
+
+
+def _summarize_only(out) -> int:
+    runs_path, summary_path = os.path.join(out, "runs.jsonl"), os.path.join(out, "summary.json")
+    if not os.path.exists(runs_path) or not os.path.exists(summary_path):
+        raise SystemExit(f"bench.fixed_cost: --summarize-only needs runs.jsonl and summary.json in {out}; "
+                         "run the benchmark with --out there first")
+    with open(runs_path) as handle:
+        rows = [json.loads(line) for line in handle if line.strip()]
+    with open(summary_path) as handle:
+        earlier = json.load(handle)
+    header = {key: earlier[key] for key in ("machine", "source", "models", "configs", "repeats", "seconds")
+              if key in earlier}
+    print(_write_summary(out, rows, header), flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
+    if args.summarize_only:
+        return _summarize_only(args.out)
     model_list = _model_list(args.models)
     configs = _configs(args.configs)
     os.makedirs(args.out, exist_ok=True)
@@ -112,14 +142,9 @@ def main(argv=None) -> int:
                     runs.write(json.dumps(row, sort_keys=True) + "\n")
                     runs.flush()
                     print(report.one_line(row), flush=True)
-    summary = {"machine": describe_machine(), "source": describe_source(), "models": args.models,
-               "configs": [f"{mode}:{ranks}" for mode, ranks in configs], "repeats": args.repeats,
-               "seconds": round(time.time() - begun, 1), **report.summarize(rows)}
-    with open(os.path.join(args.out, "summary.json"), "w") as handle:
-        json.dump(summary, handle, indent=2, sort_keys=True)
-    markdown = report.markdown(summary)
-    with open(os.path.join(args.out, "summary.md"), "w") as handle:
-        handle.write(markdown)
-    print(markdown, flush=True)
-    print(f"bench.fixed_cost: {len(rows)} runs in {summary['seconds']:.0f} s written to {args.out}", flush=True)
+    header = {"machine": describe_machine(), "source": describe_source(), "models": args.models,
+              "configs": [f"{mode}:{ranks}" for mode, ranks in configs], "repeats": args.repeats,
+              "seconds": round(time.time() - begun, 1)}
+    print(_write_summary(args.out, rows, header), flush=True)
+    print(f"bench.fixed_cost: {len(rows)} runs in {header['seconds']:.0f} s written to {args.out}", flush=True)
     return 0
