@@ -103,3 +103,18 @@ def test_lockstep_fits_give_the_floor_of_any_synchronous_exchange():
                             _collectives("digits_mlp", 9_640, 0.000005, 0.00001, 0.000001)])
     assert old["goals"]["digits_mlp:32"]["exchange_floor_s"] is None
     assert "Lockstep:" not in report.markdown(old)
+
+
+def test_summarize_only_rewrites_a_runs_summary_and_keeps_its_machine(tmp_path, capsys):
+    import json
+    row = _paired("digits_mlp", 32, 2, [(0.0005, 0.0007)])
+    (tmp_path / "runs.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "summary.json").write_text(json.dumps({"machine": {"cores": 2}, "source": {"git_commit": "abc"},
+                                                       "goals": {"stale": {}}}))
+    assert run.main(["--summarize-only", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["machine"] == {"cores": 2} and summary["source"] == {"git_commit": "abc"}
+    assert list(summary["goals"]) == ["digits_mlp:32"]
+    assert "| digits_mlp:32 |" in (tmp_path / "summary.md").read_text()
+    with pytest.raises(SystemExit, match="needs runs.jsonl and summary.json"):
+        run.main(["--summarize-only", "--out", str(tmp_path / "empty")])
