@@ -164,7 +164,7 @@ def _paired(args, ranks: _Ranks) -> dict:
     for _, fit in fits.values():
         fit(args.warmup_steps)  # traces the step, warms caches
     # Keras in lockstep: the same fit as Keras's, with a barrier after every step (_lockstep_callback)
-    fits["lockstep"] = (fits["keras"][0], fits["keras"][1])
+    fits["lockstep"] = fits["keras"]
     extra = {"lockstep": [_lockstep_callback(ranks.barrier)]}
     pairs = []
     for index in range(args.pairs):
@@ -174,7 +174,7 @@ def _paired(args, ranks: _Ranks) -> dict:
         for mode in ("keras", "lockstep", "tnt") if index % 2 == 0 else ("tnt", "lockstep", "keras"):
             pair[mode] = statistics.median(_timed_fit(fits[mode][1], args.steps, ranks, extra.get(mode, ())))
         pairs.append(pair)
-    every_rank = ranks.gather(pairs)  # [rank][pair] -> {"keras": s, "tnt": s}
+    every_rank = ranks.gather(pairs)  # [rank][pair] -> {"keras": s, "lockstep": s, "tnt": s}
     reducer = ranks.gather(_last_step_reduction(fits["tnt"][0]))
     return {**_description(spec, fits["tnt"][0], ranks), "micro_batch": args.micro_batch,
             "global_batch": args.micro_batch * ranks.size, "rank_pairs": every_rank, "reducer_last_step": reducer}
