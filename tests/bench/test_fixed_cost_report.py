@@ -105,7 +105,7 @@ def test_lockstep_fits_give_the_floor_of_any_synchronous_exchange():
     assert "Lockstep:" not in report.markdown(old)
 
 
-def test_summarize_only_rewrites_a_runs_summary_and_keeps_its_machine(tmp_path, capsys):
+def test_summarize_only_rewrites_a_runs_summary_and_keeps_its_machine(tmp_path):
     import json
     row = _paired("digits_mlp", 32, 2, [(0.0005, 0.0007)])
     (tmp_path / "runs.jsonl").write_text(json.dumps(row) + "\n")
