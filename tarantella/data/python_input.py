@@ -85,9 +85,12 @@ def is_generator(x) -> bool:
 
 
 def _standardize(batch):
-    """Keras's element forms as tf.data structures (a list of parts is a tuple, arrays become tensors)."""
+    """Keras's element forms as tf.data structures (a list of parts is a tuple, arrays become tensors; a bare
+    array is `(x,)`, as Keras's PyDataset adapter hands it to the model)."""
     if isinstance(batch, list):
         batch = tuple(batch)
+    elif isinstance(batch, (np.ndarray, tf.Tensor)):
+        batch = (batch,)
     return tf.nest.map_structure(lambda leaf: np.asarray(leaf) if not isinstance(leaf, tf.Tensor) else leaf,
                                  batch)
 

@@ -25,12 +25,13 @@ every global batch after the first step and each epoch (Note [Same order on ever
 """
 from __future__ import annotations
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from tarantella.data import batching, distributed_dataset, order_check, python_input, rank_pipeline
 
-__all__ = ["distribute", "split_for_validation"]
+__all__ = ["distribute", "split_for_validation", "as_arrays"]
 
 DEFAULT_BATCH_SIZE = 32
 
@@ -41,8 +42,10 @@ def _is_arrays(value) -> bool:
                                 for leaf in leaves)
 
 
-def _as_arrays(value):
-    return tf.nest.map_structure(np.asarray, value)
+def as_arrays(value):
+    """`value`'s leaves as numpy arrays, its lists as tuples (as Keras's array adapter: tf.data would stack a
+    list of arrays into one tensor, where Keras hands the model a structure)."""
+    return keras.tree.lists_to_tuples(keras.tree.map_structure(np.asarray, value))
 
 
 def distribute(x, y=None, sample_weight=None, *, batch_size=None, micro_batch_size=None, shuffle=False,
@@ -89,14 +92,19 @@ def distribute(x, y=None, sample_weight=None, *, batch_size=None, micro_batch_si
         batch_size = micro_batch_size * size
     batch_size = DEFAULT_BATCH_SIZE if batch_size is None else int(batch_size)
     batching.check_global_batch_size(batch_size, size, what)
-    x = _as_arrays(x)
     if class_weight:
         if y is None:
             raise ValueError("tarantella: class_weight needs targets `y`")
         weights = distributed_dataset.class_weights_as_sample_weights(y, class_weight)
         sample_weight = weights if sample_weight is None else np.asarray(sample_weight) * weights
-    parts = (x,) + tuple(_as_arrays(part) for part in (y, sample_weight) if part is not None)
-    return distributed_dataset.from_arrays(parts, batch_size, shuffle, seed, size, rank)
+    if sample_weight is not None and y is None:
+        raise ValueError("tarantella: `sample_weight` was given without targets `y` (Keras would drop it without a "
+                         "word); pass `y`, or fold the weights into your own train_step's input")
+    # Packed as Keras packs arrays: a model's own train_step receives the same structure as in serial Keras
+    # (a bare `x` when there are no targets, not a 1-tuple).
+    batch = keras.utils.pack_x_y_sample_weight(*(None if part is None else as_arrays(part)
+                                                 for part in (x, y, sample_weight)))
+    return distributed_dataset.from_arrays(batch, batch_size, shuffle, seed, size, rank)
 
 
 def from_batched_dataset(dataset: tf.data.Dataset, size: int, rank: int) -> tf.data.Dataset:
@@ -131,7 +139,7 @@ def split_for_validation(x, y, sample_weight, validation_split: float):
     if not _is_arrays(x):
         raise ValueError("tarantella: validation_split is only supported for array inputs (as in Keras); "
                          "pass validation_data instead")
-    x, y, sample_weight = (None if part is None else _as_arrays(part) for part in (x, y, sample_weight))
+    x, y, sample_weight = (None if part is None else as_arrays(part) for part in (x, y, sample_weight))
     at = batching.validation_split_at(len(tf.nest.flatten(x)[0]), validation_split)
 
     def cut(part, train):

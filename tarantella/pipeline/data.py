@@ -39,7 +39,7 @@ def global_batches(x, y=None, sample_weight=None, *, batch_size=None, shuffle=Fa
     if x is None:
         raise TypeError("tarantella: no input data given")
     parts = tuple(part for part in (x, y, sample_weight) if part is not None)
-    parts = _lists_as_tuples(keras.tree.map_structure(np.asarray, parts))
+    parts = user_input.as_arrays(parts)
     dataset = tf.data.Dataset.from_tensor_slices(parts)
     if shuffle:
         count = len(keras.tree.flatten(parts)[0])
@@ -60,8 +60,7 @@ def replica_batches(x, y=None, sample_weight=None, *, batch_size=None, shuffle=F
     else:  # arrays: a replica gathers its own rows only
         if x is None:
             raise TypeError("tarantella: no input data given")
-        x, y, sample_weight = (None if part is None else _lists_as_tuples(keras.tree.map_structure(np.asarray, part))
-                               for part in (x, y, sample_weight))
+        x, y, sample_weight = (None if part is None else user_input.as_arrays(part) for part in (x, y, sample_weight))
         stream = user_input.distribute(x, y, sample_weight, shuffle=shuffle, seed=seed, what=what,
                                        batch_size=DEFAULT_BATCH_SIZE if batch_size is None else int(batch_size),
                                        size=num_replicas, rank=replica)
@@ -74,15 +73,6 @@ def replica_batches(x, y=None, sample_weight=None, *, batch_size=None, shuffle=F
         return {**element, distributed_dataset.DATA: tuple(parts) if isinstance(data, tuple) else parts[0]}
 
     return stream.map(keep_stage_parts)
-
-
-def _lists_as_tuples(tree):
-    """tf.data stacks a list of arrays into one tensor; a tuple stays a structure."""
-    if isinstance(tree, (list, tuple)):
-        return tuple(_lists_as_tuples(item) for item in tree)
-    if isinstance(tree, dict):
-        return {key: _lists_as_tuples(value) for key, value in tree.items()}
-    return tree
 
 
 def split_for_validation(x, y, sample_weight, validation_split: float):
