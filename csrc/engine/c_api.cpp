@@ -63,4 +63,16 @@ int tnt_reducer_reductions_completed(int reducer, unsigned long long* count, cha
   }
 }
 
+int tnt_graph_allreduce_sum(int allreducer, const void* in, void* out, size_t count, const char* dtype_name,
+                            char* error, size_t error_size) {
+  try {
+    const std::shared_ptr<tnt::Allreducer> held = tnt::Engine::get().graph_allreducer(allreducer);
+    const tnt::AllreduceCall call{in, out, count, tnt::dtype_from_name(dtype_name), tnt::ReduceOp::sum};
+    held->run(call, tnt::Engine::get().config().algorithm);
+    return 0;
+  } catch (const std::exception& e) {
+    return report(e, error, error_size);
+  }
+}
+
 }  // extern "C"

@@ -25,10 +25,15 @@ int tnt_reducer_deliver(int reducer, size_t tensor, void* out, size_t bytes, tnt
 /* The number of bucket allreduces the reducer completed since it was made. */
 int tnt_reducer_reductions_completed(int reducer, unsigned long long* count, char* error, size_t error_size);
 
+/* Blocks until `out` holds the element-wise sum over the allreducer's group of every rank's `count`
+ * elements of dtype `dtype_name` ("float32", ...) at `in` (Note [In-graph blocking allreduces]). */
+int tnt_graph_allreduce_sum(int allreducer, const void* in, void* out, size_t count, const char* dtype_name,
+                            char* error, size_t error_size);
+
 /* The version of this interface. The op library compiles TNT_ENGINE_ABI_VERSION
  * in and compares it with what the loaded engine's tnt_engine_abi_version()
  * returns; raise it with every change of this file's functions. */
-#define TNT_ENGINE_ABI_VERSION 1
+#define TNT_ENGINE_ABI_VERSION 2
 int tnt_engine_abi_version(void);
 
 #ifdef __cplusplus

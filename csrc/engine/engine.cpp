@@ -107,14 +107,21 @@ void Engine::stop() {
     reducers.swap(engine->reducers_);
   }
   reducers.clear();
+  std::map<int, std::shared_ptr<Allreducer>> graph_allreducers;
+  {
+    std::lock_guard<std::mutex> lock(engine->reducers_mutex_);
+    graph_allreducers.swap(engine->graph_allreducers_);
+  }
   const bool failed = engine->world_->failed();
   if (!failed) {
     try {
+      for (auto& [id, allreducer] : graph_allreducers) allreducer->close();  // id order: the same on every rank
       engine->world_allreducer_->close();
     } catch (const Error& error) {
       log_warning(std::string("closing the engine: ") + error.what());
     }
   }
+  graph_allreducers.clear();
   const bool healthy = !engine->world_->failed();
   if (!healthy) {
     log_warning("not finalising MPI, because a collective failed earlier (" + engine->world_->first_failure() +
@@ -179,6 +186,21 @@ void Engine::remove_reducer(int id) {
     reducers_.erase(found);
   }
   reducer->abandon();
+}
+
+int Engine::add_graph_allreducer(const ProcessGroup& group) {
+  auto allreducer = std::make_shared<Allreducer>(group);  // collective: duplicates the group's communicator
+  std::lock_guard<std::mutex> lock(reducers_mutex_);
+  const int id = next_graph_allreducer_id_++;
+  graph_allreducers_[id] = std::move(allreducer);
+  return id;
+}
+
+std::shared_ptr<Allreducer> Engine::graph_allreducer(int id) {
+  std::lock_guard<std::mutex> lock(reducers_mutex_);
+  auto found = graph_allreducers_.find(id);
+  if (found == graph_allreducers_.end()) throw UsageError("no in-graph allreducer with id " + std::to_string(id));
+  return found->second;
 }
 
 }  // namespace tnt

@@ -55,6 +55,17 @@ class Engine {
   // Local: forget the reducer; its destructor fails results still awaited.
   void remove_reducer(int id);
 
+  // Note [In-graph blocking allreduces]
+  // Small sums that a framework op needs before it can go on (BatchNormalization's
+  // global statistics, tarantella/keras/global_batch_norm.py) run as one blocking
+  // allreduce each, on an Allreducer of their own (its own communicator: they
+  // never meet the gradient reducers' or the main thread's collectives). The op
+  // blocks its thread until the sum is there: the framework orders these ops the
+  // same way on every rank (one chain, creation order), so a rank waits only for
+  // its peers to reach the same op. Collective: every rank adds them in one order.
+  int add_graph_allreducer(const ProcessGroup& group);
+  std::shared_ptr<Allreducer> graph_allreducer(int id);
+
  private:
   explicit Engine(const EngineConfig& config);
   EngineConfig config_;
@@ -63,6 +74,8 @@ class Engine {
   std::mutex reducers_mutex_;
   std::map<int, std::shared_ptr<FusedReducer>> reducers_;
   int next_reducer_id_ = 1;
+  std::map<int, std::shared_ptr<Allreducer>> graph_allreducers_;  // guarded by reducers_mutex_; closed by stop()
+  int next_graph_allreducer_id_ = 1;
 };
 
 }  // namespace tnt

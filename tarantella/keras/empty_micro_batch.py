@@ -8,8 +8,12 @@ part in the step's allreduces. So an empty micro-batch is replaced by ONE
 placeholder sample (zeros; weight 0 where the data has sample weights), the step
 runs as usual with this rank's share n_r / N = 0 (its gradients count as exact
 zeros, gradient_reduction.weighted_sum), and afterwards the state the placeholder
-touched is put back: the model's non-trainable variables (BatchNormalization's
-moving statistics, seed states) and the metric variables. Optimizer state and
+touched is put back: the metric variables and, with per-rank batch statistics
+(batch_norm="local"), the non-trainable weights (BatchNormalization's moving
+statistics). With global statistics (the default) the placeholder counts for
+nothing in them and the moving statistics move as on every rank; the seed
+states advance as on every rank too (the placeholder draws), which keeps the
+ranks' seeds equal (Note [Random values by sample, not by rank]). Optimizer state and
 trainable variables change exactly as on the other ranks (from the global sum).
 When tf.data knows the micro-batch size statically and it is positive, nothing
 of this is built (plain Keras speed).
@@ -19,7 +23,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-__all__ = ["with_placeholder", "Restorer", "sample_like"]
+__all__ = ["with_placeholder", "Restorer", "sample_like", "state_to_keep"]
 
 
 def _sample_count(batch) -> tuple[tf.Tensor, int | None]:
@@ -54,6 +58,12 @@ def with_placeholder(batch, can_be_empty: bool = True):
         return tf.cond(count > 0, lambda: tensor, lambda: _placeholder(tensor))
 
     return tf.nest.map_structure(swap, batch), count, True
+
+
+def state_to_keep(model: keras.Model, metric_variables: list, batch_norm: str) -> list:
+    """What an empty micro-batch's placeholder must leave as it was (Note [Empty micro-batches])."""
+    kept = list(model.non_trainable_weights) if batch_norm == "local" else []
+    return kept + list(metric_variables)
 
 
 class Restorer:

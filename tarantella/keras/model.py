@@ -11,12 +11,16 @@ values, tarantella/keras/metric_reduction.py).
 
 Note [What differs from serial training]
 Losses, gradients, updates and logged metrics are those of the global batch
-(Note [Loss of the global batch] in tf_steps.py), so training reproduces serial
-Keras up to float rounding, except for layers that look at the batch itself:
-BatchNormalization normalises each rank's micro-batch with that micro-batch's
-statistics and keeps per-rank moving statistics (the master's are saved), as in
-Horovod and the original Tarantella. Trainable weights stay identical on all ranks.
-Dropout and other random layers draw per rank.
+(Note [Loss of the global batch] in tf_steps.py), and the layers that look at
+the batch behave as on the whole global batch in one process: random layers
+draw each sample's serial values (Note [Random values by sample, not by rank]
+in serial_random.py) and BatchNormalization uses the global batch's statistics
+(Note [BatchNormalization over the global batch] in global_batch_norm.py). So
+training reproduces serial Keras up to float rounding, and every rank keeps
+identical weights and moving statistics. What still differs: random ops that
+serial_random.py does not recognise (warned about once), and, by choice,
+`batch_norm="local"` (each micro-batch's own statistics, per-rank moving
+statistics, the master's saved: Horovod's and the original Tarantella's way).
 
 Note [A model's own training logic]
 A wrapped model that overrides train_step, test_step, predict_step,
@@ -44,7 +48,8 @@ from tarantella.data import distributed_dataset, order_check, user_input
 from tarantella.keras import callbacks as rank_callbacks
 from tarantella.keras import class_weights, distributed_optimizer, metric_reduction, models, overlap, tf_steps, \
     user_steps
-from tarantella.keras import empty_micro_batch, gradient_reduction
+from tarantella.keras import batch_position, empty_micro_batch, global_batch_norm, gradient_reduction, serial_random
+from tarantella.keras.blocking_allreduce import BlockingAllreduce
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras.parallel_strategy import ParallelStrategy
 from tarantella import timeline
@@ -59,7 +64,9 @@ class Model(keras.Model):
     """Wraps `model` for synchronous data-parallel training; behaves like it otherwise.
 
     overlap_communication=False starts the gradient allreduce only once the
-    whole backprop is done (for measuring what overlap buys)."""
+    whole backprop is done (for measuring what overlap buys).
+    batch_norm="global" (default): BatchNormalization uses the global batch's statistics, as serial Keras;
+    "local": each rank's micro-batch statistics (Note [What differs from serial training])."""
 
     def __new__(cls, model=None, parallel_strategy=ParallelStrategy.DATA, *args, **kwargs):
         """PIPELINING and ALL give the pipelined model (tarantella.pipeline), which
@@ -75,7 +82,8 @@ class Model(keras.Model):
         return super().__new__(cls)
 
     def __init__(self, model: keras.Model, parallel_strategy=ParallelStrategy.DATA,
-                 overlap_communication: bool = True, name: str | None = None):
+                 overlap_communication: bool = True, name: str | None = None,
+                 batch_norm: str = batch_position.GLOBAL_BATCH_NORM):
         if isinstance(model, Model):
             raise TypeError("tarantella: this model is already a tnt.Model")
         if not isinstance(model, keras.Model):
@@ -83,7 +91,14 @@ class Model(keras.Model):
         if parallel_strategy != ParallelStrategy.DATA:
             raise ValueError(f"tarantella: unknown parallel_strategy {parallel_strategy!r}; use "
                              f"tnt.ParallelStrategy.DATA, PIPELINING or ALL")
+        if batch_norm not in (batch_position.GLOBAL_BATCH_NORM, batch_position.LOCAL_BATCH_NORM):
+            raise ValueError(f"tarantella: batch_norm={batch_norm!r} is not a choice; use \"global\" (the global "
+                             f"batch's statistics, as serial Keras) or \"local\" (each rank's micro-batch's)")
         super().__init__(name=name or model.name)
+        serial_random.install()
+        global_batch_norm.install()
+        self.batch_norm = batch_norm
+        self._statistics_allreducer: BlockingAllreduce | None = None
         self._model = model
         self.parallel_strategy = parallel_strategy
         self.overlap_communication = overlap_communication
@@ -266,6 +281,14 @@ class Model(keras.Model):
             summed_state = self._allreducer_for(metric_state, "metrics")(metric_state) if metric_state else []
         return reduced, summed_state
 
+    def statistics_allreduce(self, tensor: tf.Tensor) -> tf.Tensor:
+        """The sum over the ranks of a small tensor a layer needs at once (BatchNormalization's statistics);
+        call while tracing a step. The allreducer is made collectively on first use (every rank traces the
+        same layers in the same order)."""
+        if self._statistics_allreducer is None:
+            self._statistics_allreducer = BlockingAllreduce()
+        return self._statistics_allreducer(tensor)
+
     def communication_profile(self) -> dict | None:
         """How the last train step's gradient allreduce overlapped backprop (see tarantella.keras.overlap);
         None before the first step or on one rank."""
@@ -433,6 +456,12 @@ class Model(keras.Model):
         root = runtime.get_master_rank()
         self._model.set_weights([collectives.broadcast(np.array(weight, copy=True), root=root)
                                  for weight in self._model.get_weights()])
+        # The random layers' seed states too: serial-equal draws need the master's seeds on every rank
+        # (Note [Random values by sample, not by rank] in serial_random.py).
+        weights = {id(weight) for weight in self._model.weights}
+        for variable in self._model.variables:
+            if id(variable) not in weights:
+                variable.assign(collectives.broadcast(np.array(variable.numpy(), copy=True), root=root))
 
 
 def _check_jit_compile(jit_compile) -> None:

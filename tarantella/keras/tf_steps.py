@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from tarantella.data import distributed_dataset
-from tarantella.keras import empty_micro_batch, metric_reduction
+from tarantella.keras import batch_position, empty_micro_batch, metric_reduction, serial_random
 from tarantella.keras.gradient_reduction import dense_gradients  # noqa: F401  (exact mode imports it from here)
 from tarantella.timeline import graph_marks
 
@@ -44,13 +44,20 @@ def _batch_size(x):
 
 
 def _state_to_keep(model) -> list:
-    return list(model.non_trainable_variables) + metric_reduction.metric_variables(model.metrics)
+    return empty_micro_batch.state_to_keep(model, metric_reduction.metric_variables(model.metrics), model.batch_norm)
 
 
 def train_step(model, data):
     batch, global_size, _ = unpack(data, model.world_size)
     # Note [Empty micro-batches]; a single rank's batches are never empty (plain Keras's step)
     batch, local_size, may_be_empty = empty_micro_batch.with_placeholder(batch, model.world_size > 1)
+    with batch_position.tracing_step(batch_position.of_step(model, batch, global_size, local_size)):
+        logs = _train_step(model, batch, global_size, local_size, may_be_empty)
+    serial_random.warn_unrecognised(tf.compat.v1.get_default_graph())
+    return logs
+
+
+def _train_step(model, batch, global_size, local_size, may_be_empty):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
     restorer = empty_micro_batch.Restorer(_state_to_keep(model), may_be_empty)
     with tf.GradientTape() as tape:
@@ -78,11 +85,12 @@ def train_step(model, data):
 
 
 def test_step(model, data):
-    batch, _, _ = unpack(data, model.world_size)
+    batch, global_size, _ = unpack(data, model.world_size)
     batch, local_size, may_be_empty = empty_micro_batch.with_placeholder(batch, model.world_size > 1)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
     restorer = empty_micro_batch.Restorer(_state_to_keep(model), may_be_empty)
-    y_pred = model(x, training=False)
+    with batch_position.tracing_step(batch_position.of_step(model, batch, global_size, local_size)):
+        y_pred = model(x, training=False)
     loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
     model.loss_tracker.update_state(loss, sample_weight=local_size)
     local_results = _update_metrics(model, x, y, y_pred, sample_weight, restorer, local_size)
@@ -100,10 +108,11 @@ def _update_metrics(model, x, y, y_pred, sample_weight, restorer, local_size):
 
 def predict_step(model, data):
     """The predictions, and (for tarantella's own input) each one's position in the input."""
-    batch, _, first_index = unpack(data, model.world_size)
+    batch, global_size, first_index = unpack(data, model.world_size)
     batch, local_size, _ = empty_micro_batch.with_placeholder(batch, model.world_size > 1)
     x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
-    y_pred = tf.nest.map_structure(lambda tensor: tensor[:local_size], model(x, training=False))
+    with batch_position.tracing_step(batch_position.of_step(model, batch, global_size, local_size)):
+        y_pred = tf.nest.map_structure(lambda tensor: tensor[:local_size], model(x, training=False))
     return with_positions(data, y_pred, first_index, local_size)
 
 

@@ -32,7 +32,7 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from tarantella.keras import empty_micro_batch, metric_reduction, tf_steps
+from tarantella.keras import batch_position, empty_micro_batch, metric_reduction, serial_random, tf_steps
 from tarantella.keras.distributed_optimizer import StepContext, step_context
 
 __all__ = ["OVERRIDABLE", "overridden", "train_step", "test_step", "predict_step"]
@@ -50,8 +50,9 @@ def _share(count, global_size) -> tf.Tensor:
     return tf.cast(count, tf.float32) / tf.cast(global_size, tf.float32)
 
 
-def _state_to_keep(user: keras.Model) -> list:
-    return list(user.non_trainable_variables) + metric_reduction.metric_variables(user.metrics)
+def _state_to_keep(model) -> list:
+    user = model.wrapped_model
+    return empty_micro_batch.state_to_keep(user, metric_reduction.metric_variables(user.metrics), model.batch_norm)
 
 
 def train_step(model, data):
@@ -59,11 +60,13 @@ def train_step(model, data):
     batch, global_size, _ = tf_steps.unpack(data, model.world_size)
     batch, count, may_be_empty = empty_micro_batch.with_placeholder(batch)
     share = _share(count, global_size)
-    restorer = empty_micro_batch.Restorer(_state_to_keep(user), may_be_empty)
+    restorer = empty_micro_batch.Restorer(_state_to_keep(model), may_be_empty)
     context = StepContext(share=share, allreducer_for=model._allreducer_for,
                           overlap=model.overlap_communication)
-    with step_context(context), _whole_batch_means(user.metrics, share * model.world_size):
+    with step_context(context), _whole_batch_means(user.metrics, share * model.world_size), \
+            batch_position.tracing_step(batch_position.of_step(model, batch, global_size, count)):
         logs = user.train_step(batch)
+    serial_random.warn_unrecognised(tf.compat.v1.get_default_graph())
     if context.applies == 0:  # refused at every rank count, so a 1-rank trial already says so
         raise ValueError(f"tarantella: {type(user).__name__}.train_step updated no variables through "
                          f"optimizer.apply/apply_gradients, so its gradients cannot be summed over the ranks; "
@@ -78,9 +81,10 @@ def test_step(model, data):
     user = model.wrapped_model
     batch, global_size, _ = tf_steps.unpack(data, model.world_size)
     batch, count, may_be_empty = empty_micro_batch.with_placeholder(batch)
-    restorer = empty_micro_batch.Restorer(_state_to_keep(user), may_be_empty)
+    restorer = empty_micro_batch.Restorer(_state_to_keep(model), may_be_empty)
     share = _share(count, global_size)
-    with _whole_batch_means(user.metrics, share * model.world_size):
+    with _whole_batch_means(user.metrics, share * model.world_size), \
+            batch_position.tracing_step(batch_position.of_step(model, batch, global_size, count)):
         logs = user.test_step(batch)
     restorer.restore_if_empty(count)
     return global_logs(model, logs, share)
@@ -88,9 +92,10 @@ def test_step(model, data):
 
 def predict_step(model, data):
     user = model.wrapped_model
-    batch, _, first_index = tf_steps.unpack(data, model.world_size)
+    batch, global_size, first_index = tf_steps.unpack(data, model.world_size)
     run, count, _ = empty_micro_batch.with_placeholder(batch)
-    predictions = tf.nest.map_structure(lambda tensor: tensor[:count], user.predict_step(run))
+    with batch_position.tracing_step(batch_position.of_step(model, run, global_size, count)):
+        predictions = tf.nest.map_structure(lambda tensor: tensor[:count], user.predict_step(run))
     return tf_steps.with_positions(data, predictions, first_index, count)
 
 
