@@ -46,14 +46,12 @@ const char* engine_dtype(DataType dtype) {
 
 }  // namespace
 
+void check_engine_abi(OpKernelConstruction* context);  // allreduce_ops.cc
+
 class AllreduceSum : public OpKernel {
  public:
   explicit AllreduceSum(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES(context, tnt_engine_abi_version() == TNT_ENGINE_ABI_VERSION,
-                ::tensorflow::errors::FailedPrecondition(
-                    "tarantella: the TensorFlow op library expects engine ABI ", TNT_ENGINE_ABI_VERSION,
-                    " but the loaded engine has ", tnt_engine_abi_version(),
-                    "; delete the op cache (TNT_CACHE_DIR, default ~/.cache/tarantella) and rerun"));
+    check_engine_abi(context);
     OP_REQUIRES_OK(context, context->GetAttr("allreducer", &allreducer_));
   }
 
