@@ -60,10 +60,12 @@ def tracing_step(position: BatchPosition | None):
         _state.position = previous
 
 
-def of_step(model, batch, global_size, samples) -> BatchPosition:
+def of_step(model, batch, global_size, samples) -> BatchPosition | None:
     """The position of `batch` (as the step runs it, placeholder included) holding `samples` of this rank's
     samples of a global batch of `global_size`, for tnt.Model `model` (its world size, batch_norm mode and
-    statistics_allreduce)."""
+    statistics_allreduce); None on one rank, whose step is plain Keras's."""
+    if model.world_size == 1:
+        return None
     x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
     first = next(t for t in tf.nest.flatten(x) if t is not None)
     global_size = tf.cast(global_size, tf.int64)
