@@ -81,7 +81,7 @@ def test_array_input_gathers_only_the_micro_batch():
     """Arrays are captured once; every step's element holds only the rank's rows (never the whole array)."""
     x = np.arange(1000 * 8, dtype=np.float32).reshape(1000, 8)
     stream = user_input.distribute(x, batch_size=100, size=4, rank=1)
-    shapes = {tuple(e[dd.DATA][0].shape) for e in stream}
+    shapes = {tuple(e[dd.DATA].shape) for e in stream}
     assert shapes == {(25, 8)}
     graph = stream._as_serialized_graph().numpy()
     assert graph.count(x[1].tobytes()) <= 1  # the data set is in the graph once, not once per step
