@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tarantella.data import batching, order_check
+from tarantella.data import batching, order_check, serial_order
 
 __all__ = ["DATA", "GLOBAL_SIZE", "FIRST_INDEX", "is_distributed_element", "rank_range", "rank_start_count",
            "as_distributed_element", "sliced_for_rank", "from_arrays", "class_weights_as_sample_weights"]
@@ -85,25 +85,21 @@ def as_distributed_element(offset, micro_batch, *, size: int, rank: int, total: 
     return offset + total, {DATA: data, GLOBAL_SIZE: total, FIRST_INDEX: offset + start}
 
 
-def from_arrays(arrays, batch_size: int, shuffle: bool, seed: int, size: int, rank: int) -> tf.data.Dataset:
-    """`arrays`: a structure (tuple/dict) of arrays with equal first dimensions, cut
-    into global batches of `batch_size` (reshuffled every epoch with the same
-    `seed`, hence the same order, on every rank when `shuffle`)."""
+def from_arrays(arrays, batch_size: int, shuffle, seed: int, size: int, rank: int,
+                keras_order: bool = False) -> tf.data.Dataset:
+    """`arrays`: a structure (tuple/dict) of arrays with equal first dimensions, cut into global batches of
+    `batch_size`, in the same order on every rank when `shuffle`: serial Keras's with `keras_order`, else
+    reshuffled every epoch with `seed` (Note [Serial Keras's shuffle order])."""
     tensors = tf.nest.map_structure(tf.convert_to_tensor, arrays)
     num_samples = int(tf.nest.flatten(tensors)[0].shape[0])
-    positions = tf.data.Dataset.range(num_samples)
-    if shuffle:
-        positions = positions.shuffle(num_samples, seed=seed, reshuffle_each_iteration=True)
 
     def gather_part(batch_number, batch_positions):
         part, total, start = _slice_for_rank(batch_positions, size, rank)
         data = tf.nest.map_structure(lambda tensor: tf.gather(tensor, part), tensors)
         return {DATA: data, GLOBAL_SIZE: total, FIRST_INDEX: batch_number * batch_size + start}
 
-    # Batches all full: tf.data says so (a static batch size), so the step sees static shapes as plain Keras
-    # does and builds no placeholder for an empty micro-batch (Note [Empty micro-batches]).
-    full = num_samples % batch_size == 0
-    return positions.batch(batch_size, drop_remainder=full).enumerate().map(gather_part).prefetch(tf.data.AUTOTUNE)
+    positions = serial_order.index_batches(num_samples, batch_size, shuffle, seed, keras_order)
+    return positions.enumerate().map(gather_part).prefetch(tf.data.AUTOTUNE)
 
 
 def class_weights_as_sample_weights(y, class_weight: dict):

@@ -49,7 +49,7 @@ def as_arrays(value):
 
 
 def distribute(x, y=None, sample_weight=None, *, batch_size=None, micro_batch_size=None, shuffle=False,
-               seed=0, class_weight=None, size: int, rank: int, what: str = "batch_size",
+               seed=0, keras_order=False, class_weight=None, size: int, rank: int, what: str = "batch_size",
                for_predict: bool = False) -> tf.data.Dataset:
     """This rank's micro-batches of the user's data (see tarantella.data.distributed_dataset). `for_predict`:
     the input of predict (a PyDataset's epoch callbacks then run as Keras's predict runs them)."""
@@ -104,7 +104,7 @@ def distribute(x, y=None, sample_weight=None, *, batch_size=None, micro_batch_si
     # (a bare `x` when there are no targets, not a 1-tuple).
     batch = keras.utils.pack_x_y_sample_weight(*(None if part is None else as_arrays(part)
                                                  for part in (x, y, sample_weight)))
-    return distributed_dataset.from_arrays(batch, batch_size, shuffle, seed, size, rank)
+    return distributed_dataset.from_arrays(batch, batch_size, shuffle, seed, size, rank, keras_order)
 
 
 def from_batched_dataset(dataset: tf.data.Dataset, size: int, rank: int) -> tf.data.Dataset:

@@ -44,7 +44,7 @@ import tensorflow as tf
 from tarantella import collectives, runtime
 from tarantella._repro import exact_train_step
 from tarantella._repro import hook as repro_hook
-from tarantella.data import distributed_dataset, order_check, user_input
+from tarantella.data import distributed_dataset, order_check, serial_order, user_input
 from tarantella.keras import callbacks as rank_callbacks
 from tarantella.keras import class_weights, distributed_optimizer, metric_reduction, models, overlap, tf_steps, \
     user_steps
@@ -357,10 +357,10 @@ class Model(keras.Model):
             x, class_weight = class_weights.with_class_weights(x, class_weight), None
         elif class_weight:
             sample_weight, class_weight = class_weights.array_sample_weights(y, sample_weight, class_weight), None
-        seed = collectives.broadcast_object(int(np.random.randint(2**31 - 1)) if runtime.is_master_rank() else None)
+        seed, keras_order = serial_order.shared_shuffle()
         train = self._distribute(x, y, sample_weight, batch_size=batch_size, micro_batch_size=tnt_micro_batch_size,
-                                 shuffle=bool(shuffle) and not isinstance(x, tf.data.Dataset), seed=seed,
-                                 class_weight=class_weight)
+                                 shuffle=shuffle if not isinstance(x, tf.data.Dataset) else False, seed=seed,
+                                 keras_order=keras_order, class_weight=class_weight)
         validation = None
         if validation_data is not None:
             vx, vy, vsw = (keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
@@ -428,9 +428,10 @@ class Model(keras.Model):
         return tf.nest.map_structure(lambda *pieces: np.concatenate(pieces)[order], *[part[0] for part in parts])
 
     def _distribute(self, x, y, sample_weight, *, batch_size, micro_batch_size, shuffle=False, seed=0,
-                    class_weight=None, what="batch_size", for_predict=False):
+                    keras_order=False, class_weight=None, what="batch_size", for_predict=False):
         return user_input.distribute(x, y, sample_weight, batch_size=batch_size, micro_batch_size=micro_batch_size,
-                                     shuffle=shuffle, seed=seed, class_weight=class_weight, size=self.world_size,
+                                     shuffle=shuffle, seed=seed, keras_order=keras_order,
+                                     class_weight=class_weight, size=self.world_size,
                                      rank=runtime.get_rank(), what=what, for_predict=for_predict)
 
     def _prepare(self, dataset: tf.data.Dataset) -> None:

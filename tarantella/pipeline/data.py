@@ -47,7 +47,8 @@ def global_batches(x, y=None, sample_weight=None, *, batch_size=None, shuffle=Fa
     return dataset.batch(DEFAULT_BATCH_SIZE if batch_size is None else int(batch_size))
 
 
-def replica_batches(x, y=None, sample_weight=None, *, batch_size=None, shuffle=False, seed=0, what="batch_size",
+def replica_batches(x, y=None, sample_weight=None, *, batch_size=None, shuffle=False, seed=0, keras_order=False,
+                    what="batch_size",
                     batch_map=None, num_replicas: int, replica: int, first_stage: bool,
                     last_stage: bool) -> tf.data.Dataset:
     """This replica's part of each global batch of the input (as `global_batches` cuts it), as
@@ -61,7 +62,8 @@ def replica_batches(x, y=None, sample_weight=None, *, batch_size=None, shuffle=F
         if x is None:
             raise TypeError("tarantella: no input data given")
         x, y, sample_weight = (None if part is None else user_input.as_arrays(part) for part in (x, y, sample_weight))
-        stream = user_input.distribute(x, y, sample_weight, shuffle=shuffle, seed=seed, what=what,
+        stream = user_input.distribute(x, y, sample_weight, shuffle=shuffle, seed=seed, keras_order=keras_order,
+                                       what=what,
                                        batch_size=DEFAULT_BATCH_SIZE if batch_size is None else int(batch_size),
                                        size=num_replicas, rank=replica)
 

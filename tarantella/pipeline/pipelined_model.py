@@ -55,7 +55,7 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella import collectives, runtime
-from tarantella.data import distributed_dataset
+from tarantella.data import distributed_dataset, serial_order
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras import callbacks as rank_callbacks
 from tarantella.keras.metric_reduction import graph_global_results, metric_variables, results_from_state
@@ -638,15 +638,14 @@ class PipelinedModel(keras.Model):
         if validation_split and validation_data is None:
             (x, y, sample_weight), validation_data = pipeline_data.split_for_validation(
                 x, y, sample_weight, validation_split)
-        seed = int(np.random.randint(2**31 - 1))
-        if runtime.get_size() > 1:
-            seed = collectives.broadcast_object(seed, root=runtime.get_master_rank())
+        seed, keras_order = serial_order.shared_shuffle()
         self._check_batches(x, batch_size)
         if validation_data is not None and not isinstance(validation_data, tf.data.Dataset):
             self._check_batches(validation_data[0], validation_batch_size or batch_size)
         # As Keras: per-sample weights from the class of each target (single-output models).
         train = pipeline_data.replica_batches(x, y, sample_weight, batch_size=batch_size,
-                                              shuffle=bool(shuffle) and not isinstance(x, tf.data.Dataset), seed=seed,
+                                              shuffle=shuffle if not isinstance(x, tf.data.Dataset) else False,
+                                              seed=seed, keras_order=keras_order,
                                               batch_map=make_class_weight_map_fn(class_weight) if class_weight else None,
                                               **self._replica_input())
         validation = None
