@@ -105,7 +105,10 @@ def _whole_batch_means(metrics, weight):
     `weight` (Note [Means of whole micro-batches]). The metrics' own update_state is back afterwards."""
     wrapped = []
     for metric in metrics:
-        if isinstance(metric, keras.metrics.Mean) and "update_state" not in vars(metric):
+        # Mean's own update_state(values, sample_weight) only: a subclass with its own (MeanMetricWrapper's
+        # update_state(y_true, y_pred), as MeanAbsoluteError) averages per-sample values, already serial's.
+        if (isinstance(metric, keras.metrics.Mean) and type(metric).update_state is keras.metrics.Mean.update_state
+                and "update_state" not in vars(metric)):
             def update_state(values, sample_weight=None, _original=metric.update_state):
                 if sample_weight is None and tf.convert_to_tensor(values).shape.rank == 0:
                     sample_weight = weight
