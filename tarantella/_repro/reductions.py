@@ -20,12 +20,11 @@ __all__ = ["strategy_of", "ReductionCounter"]
 
 
 def strategy_of(model) -> str:
-    from tarantella.keras.model import Model
-    if isinstance(model, Model):
-        return "data parallel (tnt.Model)"
+    """tarantella's models say their strategy (`tnt_strategy`); anything else distributes nothing."""
+    strategy = getattr(type(model), "tnt_strategy", None)
+    if strategy is not None:
+        return strategy
     kind = type(model)
-    if kind.__module__.startswith("tarantella.pipeline"):
-        return "pipelining (tnt.Model with parallel_strategy PIPELINING or ALL)"
     package = kind.__module__.split(".")[0]
     return f"none: a plain {package}.{kind.__qualname__}, not wrapped in tnt.Model"
 

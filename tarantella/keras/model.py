@@ -68,6 +68,9 @@ class Model(keras.Model):
     batch_norm="global" (default): BatchNormalization uses the global batch's statistics, as serial Keras;
     "local": each rank's micro-batch statistics (Note [What differs from serial training])."""
 
+    # What tnt-repro's records call this model's strategy (read there without importing this module).
+    tnt_strategy = "data parallel (tnt.Model)"
+
     def __new__(cls, model=None, parallel_strategy=ParallelStrategy.DATA, *args, **kwargs):
         """PIPELINING and ALL give the pipelined model (tarantella.pipeline), which
         takes num_micro_batches, schedule and num_pipeline_stages."""

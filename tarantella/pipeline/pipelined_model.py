@@ -95,6 +95,9 @@ class _Untracked:
 
 
 class PipelinedModel(keras.Model):
+    # What tnt-repro's records call this model's strategy.
+    tnt_strategy = "pipelining (tnt.Model with parallel_strategy PIPELINING or ALL)"
+
     def __init__(self, model: keras.Model, *, num_micro_batches: int | None = None, schedule: str = "1f1b",
                  num_pipeline_stages: int | None = None, data_parallel: bool = False, balance_by: str = "time",
                  defer_weight_gradients: bool | int | None = None, name: str | None = None):
