@@ -12,10 +12,15 @@ how far this model and optimizer carry a reassociation of the batch sum
 through training. repro/tolerance.py turns it into the tolerance of the
 serial-vs-distributed comparison.
 
-It fails as a measure when the model treats samples by position: random
-layers (Dropout) draw one mask per position, so reversing the batch gives
-samples other masks; the harness notices by the size of the difference and
-says so (repro/tolerance.py, ORDER_SENSITIVE_FACTOR).
+Random layers draw per position (one Dropout mask row per row of the batch):
+fed a reversed batch, they would give every sample another sample's values.
+So while the calibration step traces, every per-sample draw comes out with its
+rows reversed too (tarantella/keras/serial_random.py, rows_reversed): each
+sample keeps its values and the calibration stays a pure reassociation, as
+the distributed run under serial semantics is. A model that still treats
+samples by position (its own stateful random ops, a layer reading the row
+index) makes the difference too large to be rounding; the harness notices and
+says so (repro/tolerance.py, ORDER_SENSITIVE_LIMIT).
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ import tensorflow as tf
 
 from tarantella.data import distributed_dataset
 
-__all__ = ["MODES", "check_supported", "reverse_batch"]
+__all__ = ["MODES", "check_supported", "reverse_batch", "rows_of"]
 
 MODES = ("reverse",)
 
@@ -44,3 +49,10 @@ def reverse_batch(data):
         reversed_data[distributed_dataset.DATA] = tf.nest.map_structure(_reverse, data[distributed_dataset.DATA])
         return reversed_data
     return tf.nest.map_structure(_reverse, data)
+
+
+def rows_of(data):
+    """The number of samples of one step's (micro-)batch."""
+    if distributed_dataset.is_distributed_element(data):
+        data = data[distributed_dataset.DATA]
+    return tf.shape(tf.nest.flatten(data)[0])[0]

@@ -25,6 +25,8 @@ class Record:
     gradient_reductions: int | None      # reductions the engine performed (None: not counted)
     reduction_count_source: str | None
     reference: str | None                # directory of the record the master rank compared itself with
+    batch_norm: str | None = None        # tnt.Model's batch_norm ("global", "local"; None: not a tnt.Model)
+    unmatched_random_ops: tuple = ()     # random ops whose values could not be serial's ("name (type)")
 
     @property
     def step_count(self) -> int:
@@ -70,4 +72,5 @@ def load_record(directory: str, name: str) -> Record:
     master = documents[0]
     return Record(name, directory, master["steps"], {rank: doc["steps"] for rank, doc in documents.items()},
                   master["world_size"], master["strategy"], master["gradient_reductions"],
-                  master["reduction_count_source"], master["reference"])
+                  master["reduction_count_source"], master["reference"], master.get("batch_norm"),
+                  tuple(master.get("unmatched_random_ops") or ()))

@@ -56,14 +56,17 @@ def _install_calibration(calibration: str) -> None:
     import keras
 
     from repro import calibration_step
+    from tarantella.keras import serial_random
     from tarantella.keras.model import Model
 
     calibration_step.check_supported(calibration)
+    serial_random.install()
     for cls in (Model, keras.Model):   # tnt.Model's step does not call keras.Model's: no double reversal
         original_step = cls.train_step
 
         def step(self, data, original_step=original_step):
-            return original_step(self, calibration_step.reverse_batch(data))
+            with serial_random.rows_reversed(calibration_step.rows_of(data)):
+                return original_step(self, calibration_step.reverse_batch(data))
 
         cls.train_step = step
 

@@ -25,9 +25,11 @@ EQUIVALENT when every variable and loss at every step is within tolerance.
 
 If the calibration already differs by more than sqrt(u) after one step, the
 difference cannot be rounding (one step of reassociation moves the last few
-bits): the model treats samples by their position in the batch (random layers
-such as Dropout draw per-position masks). Such a script has no serial
-equivalent; the tolerance then falls back to the floor and the report says why.
+bits): the model treats samples by their position in the batch in a way the
+calibration cannot undo (Keras's random layers it can: their draws are reversed
+with the batch, Note [Measured tolerance]; a stateful random op or a layer
+reading row indices it cannot). The tolerance then falls back to the floor and
+the report says why.
 
 Note [Tolerance cap]
 The tolerance never exceeds CAP = 2**-12 (~2.4e-4) relative to the largest weight of a
@@ -99,7 +101,8 @@ def derive(calibration: Differences) -> Tolerance:
         loss_envelope = np.zeros(len(steps))
         how = (f"calibration invalid: reversing the samples of a batch changed the weights by "
                f"{per_step[1]:.2e} (> sqrt(u) = {ORDER_SENSITIVE_LIMIT:.1e}) after one step, so the model treats "
-               f"samples by position (random layers such as Dropout); tolerance = {SPREAD:g} * step * u only")
+               f"samples by position (random values not drawn per sample, row indices); tolerance = {SPREAD:g} * step "
+               f"* u only")
     else:
         envelope = _running_max(per_step)
         loss_envelope = _running_max(calibration.losses)

@@ -36,6 +36,10 @@ WRAP_FIX = ("wrap the model for training: `import tarantella as tnt` and `model 
 
 PASSING = ("IDENTICAL", "EQUIVALENT")
 
+_LOCAL_BATCH_NORM = ("tnt.Model(..., batch_norm=\"local\"): each rank normalises with its own micro-batch's "
+                     "statistics and updates its moving averages from them; drop batch_norm=\"local\" for "
+                     "BatchNormalization over the global batch, as serial Keras")
+
 
 def layer_of(key: str) -> str:
     """The layer name in a recorder key "003:sequential/dense_1/bias"."""
@@ -66,23 +70,31 @@ def _distributed_cause(step: int, key: str, reference: Record, other: Record, to
     if step == 0:
         return ("the initial weights differ: they are not initialised from a fixed seed before the model is "
                 "built, or the model is built differently on different rank counts")
-    if "moving_mean" in name or "moving_variance" in name:
-        return ("BatchNormalization statistics: each rank normalises with its own micro-batch's statistics and "
-                "updates its moving averages from them only; serial training sees the whole batch")
+    if other.unmatched_random_ops:
+        return (f"random ops whose values tarantella cannot make serial's draw per rank: "
+                f"{', '.join(other.unmatched_random_ops[:3])} (Note [Random values by sample, not by rank]; draw "
+                f"with keras.random or tf.random.stateless_* instead)")
+    if other.batch_norm == "local":
+        return _LOCAL_BATCH_NORM
+    if exact and ("moving_mean" in name or "moving_variance" in name):
+        return ("exact mode does not cover BatchNormalization yet: its virtual micro-batches normalise with their "
+                "own statistics (check in tolerance mode, where BatchNormalization uses the global batch)")
     if tolerance is not None and tolerance.order_sensitive:
-        return ("the model treats samples by their position in the batch (Dropout or another random layer draws "
-                "a mask per position): the masks differ between serial and distributed runs, seeded or not")
+        return ("the model treats samples by their position in the batch in a way serial semantics cannot follow "
+                "(a layer reading row indices, random values not drawn per sample): reversing a batch in the "
+                "calibration already changed the weights beyond rounding")
     if step == 1:
         losses = reference.steps[1]["step_loss"], other.steps[1]["step_loss"]
         if None not in losses and abs(losses[0] - losses[1]) > 1e-3 * max(abs(losses[0]), 1e-30):
             return ("the first step's loss already differs: the step sees other data (the data order depends on "
                     "the rank count or on an unseeded shuffle: batch with the GLOBAL batch size, seed "
-                    "shuffle/list_files) or other random masks (Dropout and other random layers draw per "
-                    "micro-batch, so they cannot match serial training)")
+                    "shuffle/list_files) or other random values (random layers in exact mode, which does not "
+                    "cover them yet, or a random op tarantella cannot draw per sample, Note [Random values by "
+                    "sample, not by rank])")
     if exact:
         return ("the summation order differs: exact mode needs the recursive_doubling allreduce, power-of-two rank "
                 "counts, global batches that are multiples of the virtual micro-batch count, equal thread counts, "
-                "and a model without random layers or cross-sample layers (BatchNormalization)")
+                "and (not yet covered there) a model without random layers")
     return ("differences grew beyond the measured reassociation envelope: a non-deterministic or rank-count "
             "dependent op (random layers, time- or rank-seeded values, unsorted reductions), or training "
             "so chaotic that rounding differences explode (use --mode exact to compare bit for bit)")
@@ -130,9 +142,11 @@ def equivalence(reference: Record, other: Record, devices: int, tolerance: Toler
     disagreement = ranks_disagree(other)
     if disagreement is not None:
         step, rank, key = disagreement
+        why = ("each rank must start from the same weights and apply the same update" if other.batch_norm != "local"
+               else _LOCAL_BATCH_NORM)
         return {**verdict, "verdict": "DIVERGENT", "first_divergence": _where(step, key, float("nan"), None),
                 "cause": f"rank {rank} holds other weights than rank 0 from step {step} on (layer {layer_of(key)}): "
-                         f"each rank must start from the same weights and apply the same update"}
+                         f"{why}"}
     if diffs.identical:
         return {**verdict, "verdict": "IDENTICAL", "first_divergence": None, "cause": None}
     if exact or tolerance is None:

@@ -33,6 +33,7 @@ import time
 import numpy as np
 
 from tarantella._repro import reductions, weights as weight_records
+from tarantella.keras import serial_random
 
 __all__ = ["RECORD_VARIABLE", "REFERENCE_VARIABLE", "STORE_WEIGHTS_VARIABLE", "MAX_STEPS_VARIABLE",
            "MAX_EPOCHS_VARIABLE", "extra_callbacks", "make_recorder", "rank_from_environment",
@@ -160,6 +161,8 @@ def make_recorder(directory: str, reference: str | None = None, store_weights: b
             path = os.path.join(directory, f"rank{self.rank}.json")
             document = {"rank": self.rank, "world_size": world_size_from_environment(),
                         "strategy": reductions.strategy_of(self.model),
+                        "batch_norm": getattr(self.model, "batch_norm", None),
+                        "unmatched_random_ops": serial_random.unmatched(),
                         "gradient_reductions": self.steps[-1]["reductions"] if self.steps else None,
                         "reduction_count_source": self.counter.source if self.counter else None,
                         "chunk_elements": weight_records.CHUNK_ELEMENTS, "reference": reference,

@@ -40,8 +40,10 @@ The rule, and its limits:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
 
 import tensorflow as tf
 from tensorflow.python.ops import gen_stateless_random_ops_v2 as _generated
@@ -49,9 +51,11 @@ from tensorflow.python.ops import gen_stateless_random_ops_v2 as _generated
 from tarantella import runtime
 from tarantella.keras import batch_position
 
-__all__ = ["install", "warn_unrecognised"]
+__all__ = ["install", "warn_unrecognised", "rows_reversed", "unmatched"]
 
 logger = logging.getLogger("tarantella")
+_reversal = threading.local()  # rows_reversed's rows while active
+_unmatched: set[str] = set()   # "op name (op type)" of every random op warn_unrecognised found
 
 _PHILOX, _THREEFRY = 1, 2
 _TRUNCATED_GROUP_RESERVE = 256  # Philox outputs a truncated-normal group may consume (random_op_cpu.h)
@@ -91,6 +95,14 @@ def _advance(counter: tf.Tensor, steps: tf.Tensor) -> tf.Tensor:
 def _serial_rows(original, kind: str, default_dtype):
     @functools.wraps(original)
     def draw(shape, key, counter, alg, *args, **kwargs):
+        values = draw_at_position(shape, key, counter, alg, *args, **kwargs)
+        rows = getattr(_reversal, "rows", None)
+        shape = tf.convert_to_tensor(shape)
+        if rows is None or shape.shape.rank != 1 or shape.shape[0] == 0:
+            return values
+        return tf.where(tf.equal(tf.cast(shape[0], tf.int64), rows), tf.reverse(values, [0]), values)
+
+    def draw_at_position(shape, key, counter, alg, *args, **kwargs):
         position = batch_position.current()
         if position is None or position.world_size == 1:
             return original(shape, key, counter, alg, *args, **kwargs)
@@ -124,6 +136,20 @@ def _serial_rows(original, kind: str, default_dtype):
     return draw
 
 
+@contextlib.contextmanager
+def rows_reversed(rows):
+    """Within (while tracing a step): a per-sample draw (leading dimension `rows`) comes out with its rows in
+    reverse order, the draw a batch fed in reverse sample order needs so that every sample gets the values it
+    gets in order: tnt-repro's calibration reverses batches (Note [Measured tolerance] in
+    repro/calibration_step.py), and random layers must not make that more than a reassociation."""
+    previous = getattr(_reversal, "rows", None)
+    _reversal.rows = tf.cast(rows, tf.int64)
+    try:
+        yield
+    finally:
+        _reversal.rows = previous
+
+
 def install() -> None:
     """Route the recognised ops through _serial_rows (idempotent). Outside a tarantella step trace the wrappers
     call TensorFlow's own functions unchanged."""
@@ -137,9 +163,15 @@ def warn_unrecognised(graph) -> None:
     """One warning on the master per random op in `graph` whose values cannot be made serial's."""
     for op in graph.get_operations():
         if op.type in _UNRECOGNISED_OP_TYPES:
+            _unmatched.add(f"{op.name} ({op.type})")
             _warn_once(f"random op {op.name} ({op.type}) draws per rank: its values are not serial Keras's for "
                        f"this rank's samples (Note [Random values by sample, not by rank]); use keras.random / "
                        f"tf.random.stateless_* for serial-equal draws")
+
+
+def unmatched() -> list[str]:
+    """The random ops found so far whose values cannot be serial's ("name (type)"), for tnt-repro's records."""
+    return sorted(_unmatched)
 
 
 @functools.lru_cache(maxsize=None)

@@ -72,3 +72,15 @@ def test_unrecognised_random_ops_are_named_once():
         serial_random.logger.removeHandler(handler)
     lines = [message for message in messages if "my_layer/stateful_noise" in message]
     assert len(lines) == 1 and "(RandomUniform) draws per rank" in lines[0]
+
+
+def test_rows_reversed_gives_a_reversed_batch_its_samples_values():
+    """tnt-repro's calibration feeds batches in reverse: each sample must keep the values it gets in order."""
+    serial_random.install()
+    plain = tf.random.stateless_uniform([6, 3], SEED).numpy()
+    other = tf.random.stateless_uniform([5, 3], SEED).numpy()
+    with serial_random.rows_reversed(tf.constant(6)):
+        reversed_rows = tf.random.stateless_uniform([6, 3], SEED).numpy()
+        not_the_batch = tf.random.stateless_uniform([5, 3], SEED).numpy()
+    np.testing.assert_array_equal(reversed_rows, plain[::-1])
+    np.testing.assert_array_equal(not_the_batch, other)

@@ -18,6 +18,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 PLANTED = os.path.join(HERE, "programs", "planted.py")
 HANGS = os.path.join(HERE, "programs", "hangs.py")
 PLAIN_KERAS = os.path.join(HERE, "programs", "plain_keras.py")
+RESIDUAL_CNN = os.path.join(HERE, "programs", "residual_cnn.py")
 EXAMPLE_MLP = os.path.join(REPO, "examples", "mlp_numpy.py")
 EXAMPLE_CNN = os.path.join(REPO, "examples", "cnn_tf_data.py")
 SUBPROCESS_TIMEOUT = 280
@@ -213,3 +214,27 @@ def test_unseeded_generator_fails_run_to_run(tmp_path):
     verdict = verdicts_of(report)["run-to-run (1 device twice)"]
     assert verdict["verdict"] == "NONDETERMINISTIC" and verdict["first_divergence"]["step"] >= 1
     assert "non-deterministic op" in verdict["cause"]
+
+
+# --- serial semantics: BatchNormalization and random layers (issue 19 §4) --------------------------------
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_batch_norm_dropout_and_augmentation_are_equivalent_to_serial(tmp_path):
+    """Global BatchNormalization and per-sample draws make the distributed run serial's; the calibration
+    reverses the draws with the batch, so it stays a reassociation (not 'order sensitive')."""
+    code, stdout, stderr, report = check(tmp_path, RESIDUAL_CNN, "--wrap", "--devices", "2", "--steps", "3",
+                                         "--no-as-written")
+    assert code == 0, stdout + stderr
+    assert verdicts_of(report)["serial vs 2 devices"]["verdict"] in ("EQUIVALENT", "IDENTICAL"), report["verdicts"]
+    assert not report["tolerance"]["order_sensitive"], report["tolerance"]["how"]
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_local_batch_norm_is_named_as_the_cause(tmp_path):
+    code, stdout, stderr, report = check(tmp_path, RESIDUAL_CNN, "--devices", "2", "--steps", "3",
+                                         "--no-as-written", "--", "--local-batch-norm")
+    assert code == 1, stdout + stderr
+    verdict = verdicts_of(report)["serial vs 2 devices"]
+    assert verdict["verdict"] == "DIVERGENT" and 'batch_norm="local"' in verdict["cause"], verdict
