@@ -18,7 +18,8 @@ import tensorflow as tf
 
 from tarantella import runtime
 from tarantella._repro import exact_reduction
-from tarantella.keras import tf_steps
+from tarantella.data import distributed_dataset
+from tarantella.keras import batch_position, tf_steps
 
 __all__ = ["VIRTUAL_BATCHES_VARIABLE", "virtual_batches_from_environment", "prepare", "train_step"]
 
@@ -50,6 +51,20 @@ def prepare(virtual_batches: int, size: int) -> None:
     tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
 
 
+def _piece_position(model, global_size, index: int, piece) -> batch_position.BatchPosition:
+    """Where virtual micro-batch `index` of this rank sits in the global batch. Random layers then draw each
+    sample's serial values, the same for every split of the batch, so bitwise alike at every rank count.
+    Without a statistics allreduce BatchNormalization keeps Keras's own statistics of the piece: V is fixed, so
+    they too are alike at every rank count, but the moving averages are this rank's pieces' only (exact mode
+    does not cover BatchNormalization yet)."""
+    global_size = tf.cast(global_size, tf.int64)
+    start, _ = distributed_dataset.rank_start_count(global_size, model.world_size, runtime.get_rank())
+    piece = tf.cast(piece, tf.int64)
+    return batch_position.BatchPosition(start=start + index * piece, rows=piece, samples=piece,
+                                        global_size=global_size, static_rows=None, world_size=model.world_size,
+                                        batch_norm=model.batch_norm, statistics_allreduce=None)
+
+
 def train_step(model, data, virtual_batches: int):
     """One step of `model` (a tnt.Model) in exact mode; returns the metric results like Keras."""
     batch, global_size, _ = tf_steps.unpack(data, model.world_size)
@@ -63,12 +78,19 @@ def train_step(model, data, virtual_batches: int):
     piece = local_size // per_rank
     variables = model.trainable_variables
     per_batch_gradients, results = [], None
+    # Serial Keras calls the model once per step, so every random layer draws once, from one state of its
+    # SeedGenerator; here every piece calls it. Each piece starts from the step's states, and the last
+    # piece's draws leave them advanced once, as serial's.
+    seed_states = [v for v in model.variables if v.name == "seed_generator_state"]
+    step_states = [tf.identity(v) for v in seed_states]
     for index in range(per_rank):
+        for variable, state in zip(seed_states, step_states):
+            variable.assign(state)
         def part(tensor, index=index):
             return None if tensor is None else tensor[index * piece:(index + 1) * piece]
         x_i, y_i, w_i = (tf.nest.map_structure(part, value) if value is not None else None
                          for value in (x, y, sample_weight))
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, batch_position.tracing_step(_piece_position(model, global_size, index, piece)):
             y_pred = model(x_i, training=True)
             loss = model.compute_loss(x=x_i, y=y_i, y_pred=y_pred, sample_weight=w_i, training=True)
             share = tf.cast(piece, loss.dtype) / tf.cast(global_size, loss.dtype)

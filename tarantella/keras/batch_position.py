@@ -38,7 +38,8 @@ class BatchPosition:
     static_rows: int | None
     world_size: int
     batch_norm: str
-    statistics_allreduce: object  # callable(list of tensors) -> their sums over the ranks, or None on one rank
+    statistics_allreduce: object  # callable(list of tensors) -> their sums over the ranks; None: the step's own
+                                  # statistics (exact mode's virtual micro-batches)
 
 
 _state = threading.local()

@@ -66,7 +66,7 @@ def install() -> None:
 
     def _moments(self, inputs, mask):
         position = batch_position.current()
-        if position is None or position.world_size == 1 or \
+        if position is None or position.statistics_allreduce is None or \
                 (position.batch_norm == batch_position.LOCAL_BATCH_NORM and not self.synchronized):
             return original(self, inputs, mask)
         axes = [axis for axis in range(inputs.shape.rank) if axis not in _channel_axes(self, inputs.shape.rank)]

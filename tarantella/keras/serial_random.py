@@ -104,7 +104,7 @@ def _serial_rows(original, kind: str, default_dtype):
 
     def draw_at_position(shape, key, counter, alg, *args, **kwargs):
         position = batch_position.current()
-        if position is None or position.world_size == 1:
+        if position is None:
             return original(shape, key, counter, alg, *args, **kwargs)
         shape = tf.convert_to_tensor(shape)
         static_shape = tf.get_static_value(shape)
