@@ -46,7 +46,7 @@ Placement
   Hostfile lines: `host`, `host slots=K` or `host:K`; `#` starts a comment.
 
 Flags (units and defaults)
-  -n N                      number of ranks; default: see Placement
+  -n N, -np N               number of ranks; default: see Placement
   --hostfile FILE           hosts to run on; default: this host
   -H, --host HOST:N,...     hosts and their slots (mpirun --host / -hosts); not with
                             --hostfile
@@ -57,9 +57,16 @@ Flags (units and defaults)
                             traffic uses; this host must have it. Open MPI: --mca
                             btl_tcp_if_include X --mca oob_tcp_if_include X; MPICH:
                             -iface X (names only); default: what the MPI chooses
-  --npernode N              ranks per host (aliases --n-per-node, --devices-per-node);
+  --npernode N, -N N        ranks per host (aliases --n-per-node, --devices-per-node;
+                            mpirun's -N; srun's -N counts nodes: use -H or --hostfile);
                             default: each host's slots (no hostfile: n)
-  -x KEY=VALUE              export KEY=VALUE to every rank; repeatable
+  -x KEY=VALUE, -x KEY      export KEY=VALUE to every rank, or KEY with the value it has
+                            in the launcher's environment (as mpirun -x KEY); repeatable
+  --bind-to none|socket     mpirun's binding: none is the default; socket (or numa,
+                            package) means --pin-to-socket; core, hwthread and the rest
+                            are refused (tarantella pins whole sockets with numactl)
+  --map-by ppr:N:node       mpirun's mapping: ppr:N:node means --npernode N; other
+                            mappings are refused (ranks fill each host's slots in order)
   --pin-to-socket           run local rank i under `numactl --cpunodebind=S --preferred=S`,
                             S the i-th socket: at most one rank per socket; off by default
   --pin-memory-to-socket    the same with --membind=S (memory only from S); implies
@@ -134,7 +141,7 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from . import pinning
+from . import mpirun_dialect, pinning
 from tarantella.config import load_config
 
 from .hostfile import HostfileError
@@ -175,13 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tarantella", usage="tarantella [options] [--] program [args]",
                      description=MANUAL[MANUAL.index("The program runs"):],
                      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    parser.add_argument("-n", dest="nranks", type=int, metavar="N",
+    parser.add_argument("-n", "-np", dest="nranks", type=int, metavar="N",
                         help="number of ranks (default: see Placement)")
     parser.add_argument("--hostfile", metavar="FILE", help="hosts to run on (default: this host)")
     parser.add_argument("-H", "--host", dest="host_list", metavar="HOST:N,...",
                         help="hosts and their rank counts, as a hostfile would give them "
                              "(mpirun --host)")
-    parser.add_argument("--npernode", "--n-per-node", "--devices-per-node", dest="npernode",
+    parser.add_argument("--npernode", "-N", "--n-per-node", "--devices-per-node", dest="npernode",
                         type=int, metavar="N",
                         help="ranks per host (default: each host's slots; no hostfile: n)")
     parser.add_argument("--launch-agent", metavar="CMD",
@@ -190,8 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--network-interface", metavar="IF|SUBNET",
                         help="network for MPI's traffic (Open MPI --mca btl_tcp_if_include "
                              "and oob_tcp_if_include; MPICH -iface)")
-    parser.add_argument("-x", dest="exports", action="append", default=[], metavar="KEY=VALUE",
-                        help="export KEY=VALUE to every rank; repeatable")
+    parser.add_argument("-x", dest="exports", action="append", default=[], metavar="KEY[=VALUE]",
+                        help="export KEY=VALUE, or KEY with its value here, to every rank; repeatable")
+    parser.add_argument("--bind-to", metavar="none|socket", default=None,
+                        help="mpirun's: none (the default) or socket/numa (= --pin-to-socket)")
+    parser.add_argument("--map-by", metavar="ppr:N:node", default=None,
+                        help="mpirun's: only ppr:N:node (= --npernode N)")
     parser.add_argument("--pin-to-socket", action="store_true",
                         help="pin local rank i to socket i with numactl --cpunodebind --preferred")
     parser.add_argument("--pin-memory-to-socket", action="store_true",
@@ -227,6 +238,7 @@ def main(argv: Sequence[str] | None = None, *, environ=None, launcher: MpiLaunch
     if args.program[:1] == ["--"]:
         args.program = args.program[1:]
     try:
+        mpirun_dialect.apply(args)
         launcher = launcher or find_launcher(environ)
         plan = make_plan(args, environ, launcher.kind, probe_numa or pinning.probe_numa_nodes)
         command = build_command(plan, launcher, local_host or probe_local_host())

@@ -57,14 +57,18 @@ class LaunchPlan:
     network_interface: str | None = None  # --network-interface: interface name or subnet
 
 
-def parse_exports(items: list[str]) -> dict[str, str]:
+def parse_exports(items: list[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """-x NAME=VALUE as given; -x NAME forwards NAME's value in the launcher's environment (mpirun -x NAME)."""
     exported: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep:
-            raise PlanError(f"-x {item!r} has no '='; write -x {item}=VALUE")
         if not _VARIABLE_NAME.match(name):
             raise PlanError(f"-x {item!r}: {name!r} is not a valid environment variable name")
+        if not sep:
+            if name not in environ:
+                raise PlanError(f"-x {name}: {name} is not set in this environment; set it, or write "
+                                f"-x {name}=VALUE")
+            value = environ[name]
         exported[name] = value
     return exported
 
@@ -143,7 +147,7 @@ def make_plan(args, environ: Mapping[str, str], launcher_kind: str,
     nranks, hosts, ranks_per_host = _placement(args, environ, launcher_kind)
     in_slurm = bool(environ.get("SLURM_JOB_ID")) and not hosts
     program = program_command(list(args.program), args.python_interpreter, environ.get("PATH"))
-    exported = parse_exports(args.exports)
+    exported = parse_exports(args.exports, environ)
     settings = resolve_setting_env(args, exported, environ)
     config = load_config(settings)
 

@@ -47,7 +47,11 @@ BAD = {
     "unknown option": ["--frobnicate", "{script}"],
     "no program": ["-n", "2"],
     "no program after --": ["-n", "2", "--"],
-    "-x without =": ["-x", "FOO", "{script}"],
+    "-x NAME not set here": ["-x", "TNT_TEST_SURELY_UNSET_VARIABLE", "{script}"],
+    "--bind-to core": ["--bind-to", "core", "{script}"],
+    "--bind-to none with pinning": ["--bind-to", "none", "--pin-to-socket", "{script}"],
+    "--map-by slot": ["--map-by", "slot", "{script}"],
+    "--map-by and --npernode disagree": ["--map-by", "ppr:2:node", "--npernode", "3", "{script}"],
     "-x bad name": ["-x", "1FOO=2", "{script}"],
     "missing script": ["-n", "2", "/nonexistent/train.py"],
     "missing binary": ["-n", "2", "no-such-binary-anywhere"],
@@ -95,7 +99,7 @@ def test_help_is_the_manual_and_covers_every_flag(capsys):
     out = capsys.readouterr().out
     for needed in ("Recipes", "Definitions", "What every rank receives", "Failures and exit codes",
                    "TNT_LAUNCHED=1", "--pin-memory-to-socket", "--python-interpreter",
-                   "-x KEY=VALUE",
+                   "-x KEY=VALUE", "-x KEY ", "-np N", "-N N", "--bind-to", "--map-by",
                    "--devices-per-node", "--dry-run", *THREAD_VARIABLES):
         assert needed in out, needed
     for setting in SETTINGS:
