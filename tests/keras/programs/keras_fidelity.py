@@ -9,10 +9,11 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from keras import layers, ops  # noqa: E402
+from keras import layers  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
 from serial_comparison import RANK, SIZE, logs_difference, relative_difference, report  # noqa: E402
+from zoo.text import TokenAndPositionEmbedding  # noqa: E402  (keras.io's, one home for it)
 EPOCHS = 2
 rng = np.random.default_rng(0)
 
@@ -43,17 +44,6 @@ def compare(check, make, train, validation, evaluate_data, predict_x, compile_kw
 # 1. keras.io "Text classification with Transformer" (dropout 0: dropout draws per rank). Optimizers that
 # apply the embeddings' sparse gradients slice by slice (Adam, RMSprop) are tested in sparse_optimizers.py.
 VOCAB, MAXLEN, EMBED = 200, 12, 16
-
-
-class TokenAndPositionEmbedding(layers.Layer):
-    def __init__(self, maxlen, vocab_size, embed_dim):
-        super().__init__()
-        self.token_emb = layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
-        self.pos_emb = layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
-
-    def call(self, x):
-        positions = self.pos_emb(ops.arange(start=0, stop=ops.shape(x)[-1], step=1))
-        return self.token_emb(x) + positions
 
 
 class TransformerBlock(layers.Layer):
