@@ -29,19 +29,32 @@ the schedule's order has to be written into the graph as dependencies:
   only when every send has left (its token is part of the step's result).
 The transfer ops are stateless (Note [Transfers are stateless async ops] in
 csrc/tf/p2p_ops.cc) so that tf.function does not chain them in creation order.
-Each pass is bracketed by tf.timestamp ops: the per-pass compute times of the
-last step (`StepTrace`), from which the benchmark measures the bubble.
+Each pass is bracketed by clock reads: the per-pass compute times of the last
+step (`StepTrace`), from which the benchmark measures the bubble.
+
+Note [Pass times under op determinism]
+TensorFlow refuses tf.timestamp once `enable_op_determinism` is on (what
+tnt.set_deterministic and tnt-repro set), and a step containing it fails. So the
+clock is chosen when the step is traced: tf.timestamp without determinism (an
+op, nearly free); under determinism the host's clock through tf.py_function
+(a Python call per pass boundary), only when something reads the times (the
+timeline, or `record_pass_times` set by a benchmark or test); otherwise no
+clock at all: each pass's start stays an ordering point (an identity under the
+same control dependencies) and the trace has no times.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella import tf_ops
+from tensorflow.python.framework import config as tf_config
+
+from tarantella import tf_ops, timeline
 from tarantella.pipeline.partition import Partition
 from tarantella.pipeline.schedules import BACKWARD, FORWARD, WEIGHT, Pass
 from tarantella.pipeline.topology import Placement
@@ -115,6 +128,7 @@ class StageStep:
         self.edges_out = partition.edges_out_of(self.stage)
         self._ops = tf_ops.load_ops() if channels is not None else None
         self.trace = StepTrace()
+        self.record_pass_times = False   # under op determinism: read the host clock per pass anyway
 
     @property
     def defers_weight_gradients(self) -> bool:
@@ -175,6 +189,7 @@ class StageStep:
         deferred = any(p.kind == WEIGHT for p in passes)
         self._deferred = DeferredDense(self.model, variables) if deferred else None
         received, live, predictions, tokens, times = {}, {}, {}, [], []
+        clock = self._pass_clock()
         previous = []          # the outputs of the pass before
         posted = 0
         for index, p in enumerate(passes):
@@ -188,7 +203,7 @@ class StageStep:
                 posted += 1
             arrived = received.pop(index)
             with tf.control_dependencies(previous + list(arrived.values())):
-                began = tf.timestamp()
+                began = clock()
             with tf.control_dependencies([began]):
                 arrived = {e: tf.identity(t) for e, t in arrived.items()}
             m = p.micro_batch
@@ -204,11 +219,24 @@ class StageStep:
                     sends, done = [], self._deferred.weight_pass(gradients) or [tf.constant(0)]
             tokens.extend(sends)
             with tf.control_dependencies(done):
-                times.append(tf.stack([began, tf.timestamp()]))
+                times.append(tf.stack([began, clock()]))
             previous = done
         penalty = tf.add_n(self._penalties) if self._penalties else tf.constant(0.0)
-        return (predictions, gradients, tokens, tf.stack(times) if times else tf.zeros((0, 2), tf.float64),
+        timed = times and clock is not self._no_clock
+        return (predictions, gradients, tokens, tf.stack(times) if timed else tf.zeros((0, 2), tf.float64),
                 penalty)
+
+    def _pass_clock(self):
+        """Note [Pass times under op determinism]."""
+        if not tf_config.is_op_determinism_enabled():
+            return tf.timestamp
+        if self.record_pass_times or timeline.enabled():
+            return lambda: tf.py_function(time.time, [], tf.float64)
+        return self._no_clock
+
+    @staticmethod
+    def _no_clock():
+        return tf.identity(tf.zeros((), tf.float64))
 
     def _forward(self, m, arrived, data, began, last_stage_loss, training, scale_penalty):
         if self.placement.is_first_stage:

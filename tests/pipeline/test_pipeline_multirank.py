@@ -25,8 +25,9 @@ def check_all_ranks(result, ranks, checks):
 
 @pytest.mark.multirank
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("ranks,stages,extra", [(2, 2, ["--save"]), (4, 2, ["--data-parallel"]), (4, 4, ["--save"])],
-                         ids=["2-stages", "2-stages-x-2-replicas", "4-stages"])
+@pytest.mark.parametrize("ranks,stages,extra", [(2, 2, ["--save", "--deterministic"]),
+                                                (4, 2, ["--data-parallel", "--deterministic"]), (4, 4, ["--save"])],
+                         ids=["2-stages-deterministic", "2-stages-x-2-replicas-deterministic", "4-stages"])
 def test_pipelined_training_matches_serial_keras(ranks, stages, extra, tmp_path):
     args = [str(stages)] + [a if a != "--save" else f"--save={tmp_path}" for a in extra]
     result = run_ranks(ranks, os.path.join(PROGRAMS, "check_against_serial.py"), args=args, timeout=220,

@@ -1,6 +1,6 @@
 """Pipelined training equals serial Keras training.
 
-    check_against_serial.py STAGES [--data-parallel] [--save DIR]
+    check_against_serial.py STAGES [--data-parallel] [--save DIR] [--deterministic]
 
 Runs on STAGES x replicas ranks. A model with two inputs and three outputs
 (one computed in the first stage and passed through to the last), two tensors
@@ -23,7 +23,12 @@ parser = argparse.ArgumentParser()
 parser.add_argument("stages", type=int)
 parser.add_argument("--data-parallel", action="store_true")
 parser.add_argument("--save", default=None)
+parser.add_argument("--deterministic", action="store_true",
+                    help="enable_op_determinism first (what tnt.set_deterministic and tnt-repro set)")
 args = parser.parse_args()
+if args.deterministic:
+    import tensorflow as tf
+    tf.config.experimental.enable_op_determinism()
 rank, size = tnt.get_rank(), tnt.get_size()
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -102,6 +107,7 @@ for schedule, defer, name in (("1f1b", None, "1f1b"), ("1f1b", True, "1f1b with 
     assert placement.num_stages == args.stages and placement.num_replicas == size // args.stages
     whole_layers = len(model.whole_model.layers)
     assert len(model.stage_model.layers) < whole_layers, "the stage holds the whole model"
+    model.runner.record_pass_times = True  # the order checks below read the pass times, under determinism too
     compile_(model)
     losses, history = train(model)
     # The traced step ran the passes one at a time in schedule order (their timestamps say so), so the
