@@ -5,6 +5,8 @@ Modes:
   keras           plain Keras 3 `fit` (1 rank): the baseline for tnt.Model's overhead
   tnt             tnt.Model, gradient allreduce overlapped with backprop
   tnt_no_overlap  tnt.Model, allreduce started only once the whole backprop is done
+  tnt_local_bn    tnt.Model with batch_norm="local": each rank's own BatchNormalization statistics
+                  (what global statistics cost is tnt against this)
   mwms            tf.distribute.MultiWorkerMirroredStrategy; it does not support Keras 3,
                   so this mode runs the same model under Keras 2 (the tf-keras package)
 """
@@ -16,7 +18,7 @@ import os
 import sys
 import time
 
-MODES = ("keras", "tnt", "tnt_no_overlap", "mwms")
+MODES = ("keras", "tnt", "tnt_no_overlap", "tnt_local_bn", "mwms")
 
 
 def _parse(argv):
@@ -94,7 +96,8 @@ def main(argv=None) -> int:
         model = entry.build()
         if args.mode != "keras":
             import tarantella as tnt
-            model = tnt.Model(model, overlap_communication=(args.mode == "tnt"))
+            model = tnt.Model(model, overlap_communication=(args.mode != "tnt_no_overlap"),
+                              batch_norm="local" if args.mode == "tnt_local_bn" else "global")
         model.compile(optimizer=keras.optimizers.SGD(learning_rate=1e-3, momentum=0.9),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     dataset = tf.data.Dataset.from_tensors((inputs, labels)).repeat()
