@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["RESULT_TAG", "format_result_line", "parse_result_line"]
+__all__ = ["RESULT_TAG", "PROGRESS_TAG", "format_result_line", "parse_result_line"]
 
 RESULT_TAG = "TNT_BENCH_RESULT "
+PROGRESS_TAG = "TNT_BENCH_PROGRESS "   # one line per step while the program measures (StepTimer)
 
 
 def format_result_line(result: dict) -> str:

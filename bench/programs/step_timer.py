@@ -5,6 +5,8 @@ import time
 
 import keras
 
+from bench.programs.result_line import PROGRESS_TAG
+
 __all__ = ["StepTimer"]
 
 
@@ -12,10 +14,13 @@ class StepTimer(keras.callbacks.Callback):
     """Step i's time is the span between the ends of steps i-1 and i (the first step
     from its begin), so input fetching and callback overhead count, as in real training."""
 
-    def __init__(self):
+    def __init__(self, progress_steps: int | None = None, warmup_steps: int = 0):
+        """With `progress_steps` (the master rank's timer), one PROGRESS_TAG line per step on stdout, for
+        the sweep to show while it measures (bench/launched_run.py streams them)."""
         super().__init__()
         self.step_times: list[float] = []
         self._last = None
+        self._progress_steps, self._warmup_steps = progress_steps, warmup_steps
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._last is None:
@@ -25,3 +30,8 @@ class StepTimer(keras.callbacks.Callback):
         now = time.perf_counter()
         self.step_times.append(now - self._last)
         self._last = now
+        if self._progress_steps:
+            step = len(self.step_times)
+            kind = "warm-up" if step <= self._warmup_steps else "timed"
+            print(f"{PROGRESS_TAG}step {step}/{self._progress_steps} ({kind}) {self.step_times[-1]:.2f} s",
+                  flush=True)

@@ -98,7 +98,7 @@ def main(argv=None) -> int:
                   loss=_loss(entry))
     batch = batch_per_dataset(args.framework, args.global_batch, ranks)
     dataset = _dataset(entry, args, batch, rank, ranks)
-    timer = StepTimer()
+    timer = StepTimer(args.warmup_steps + args.steps if rank == 0 else None, args.warmup_steps)
     tnt.barrier()
     history = model.fit(dataset, epochs=1, steps_per_epoch=args.warmup_steps + args.steps,
                         callbacks=[timer], verbose=0, shuffle=False)

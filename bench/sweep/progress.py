@@ -1,4 +1,5 @@
-"""A progress display for sweeps: one line per run on stderr, with an estimate of the rest."""
+"""A progress display for sweeps: a line per run on stderr, with an estimate of the rest, and a line per
+training step while a run measures (a run is minutes of silence otherwise)."""
 from __future__ import annotations
 
 import sys
@@ -22,6 +23,10 @@ class Progress:
     def start(self, devices: int, what: str = "running") -> None:
         self._write(f"tnt-bench: [{self.done + 1}/{self.total}] {self.label}: {what} on "
                     f"{devices} device(s) ...")
+
+    def step(self, devices: int, line: str) -> None:
+        """One of the running program's steps ("step 3/12 (timed) 0.45 s")."""
+        self._write(f"tnt-bench:       {devices} device(s): {line}")
 
     def finish(self, devices: int, summary: str) -> None:
         self.done += 1

@@ -5,10 +5,11 @@ import os
 import statistics
 import sys
 import time
+from typing import Callable
 
 from bench.errors import BenchUsageError
 from bench.launched_run import LaunchTimedOut, run_launched
-from bench.programs.result_line import parse_result_line
+from bench.programs.result_line import PROGRESS_TAG, parse_result_line
 from bench.sweep.options import SweepOptions
 
 __all__ = ["PROGRAM", "SweepRunError", "launch_command", "run_point", "measured_row"]
@@ -52,12 +53,18 @@ def _tail(text: str, lines: int = 15) -> str:
 
 
 def run_point(options: SweepOptions, devices: int, micro_batch: int,
-              profile_out: str | None = None) -> dict:
-    """The program's result on `devices` ranks, plus `command` and `elapsed_s`."""
+              profile_out: str | None = None, on_step: Callable[[str], None] | None = None) -> dict:
+    """The program's result on `devices` ranks, plus `command` and `elapsed_s`; `on_step` gets the
+    program's per-step progress ("step 3/12 (timed) 0.45 s") while it runs."""
     command = launch_command(options, devices, micro_batch, profile_out)
     started = time.monotonic()
+
+    def progress_line(line: str) -> None:
+        if on_step is not None and line.startswith(PROGRESS_TAG):
+            on_step(line[len(PROGRESS_TAG):])
+
     try:
-        process = run_launched(command, options.timeout_s)
+        process = run_launched(command, options.timeout_s, progress_line)
     except LaunchTimedOut as timed_out:
         raise SweepRunError(f"the run on {devices} device(s) took longer than {options.timeout_s:.0f} s "
                             f"and was stopped; raise --timeout or lower --steps. Last output:\n"

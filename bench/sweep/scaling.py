@@ -76,13 +76,15 @@ def _measure(options, entry, progress, profile_path, counts, capacity):
     rows, baseline = [], None
     if 1 not in counts:
         progress.start(1, "measuring the 1-device profile and baseline")
-        result = run_point(options, 1, options.micro_batch_for(1, entry.default_micro_batch), profile_path)
+        result = run_point(options, 1, options.micro_batch_for(1, entry.default_micro_batch), profile_path,
+                           on_step=lambda line: progress.step(1, line))
         baseline = measured_row(result, False)
         progress.finish(1, f"profile written to {profile_path}")
     for count in counts:
         progress.start(count)
         micro = options.micro_batch_for(count, entry.default_micro_batch)
-        result = run_point(options, count, micro, profile_path if count == 1 else None)
+        result = run_point(options, count, micro, profile_path if count == 1 else None,
+                           on_step=lambda line, count=count: progress.step(count, line))
         row = measured_row(result, is_oversubscribed(count, capacity))
         rows.append(row)
         progress.finish(count, f"median step {row['step_time_median_s']:.3f} s"
