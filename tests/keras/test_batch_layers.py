@@ -1,6 +1,6 @@
 """Serial semantics for layers that look at the batch (issue 19): random layers draw each sample's serial values,
 BatchNormalization uses the global batch; at 1, 2 and 3 ranks (3: an uneven split, one empty micro-batch in the
-partial last batch) training equals serial Keras and every rank ends with identical variables
+partial last batch), also with steps_per_execution=3, training equals serial Keras and every rank ends with identical variables
 (programs/batch_layers.py runs all cases in one launch)."""
 import os
 
@@ -12,7 +12,7 @@ PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs", "
 TIMEOUT = 500
 TOLERANCE = 1e-5
 CASES = ["dense_dropout_family", "spatial_dropout", "attention_dropout", "augmentation", "batch_norm",
-         "batch_norm_synchronized", "residual_cnn_bn_dropout"]
+         "batch_norm_synchronized", "residual_cnn_bn_dropout", "residual_cnn_bn_dropout_3_steps_per_execution"]
 
 
 @pytest.mark.multirank

@@ -75,6 +75,7 @@ def residual_cnn():
     return keras.Model(inputs, L.Dense(1)(L.GlobalAveragePooling2D()(x)))
 
 
+STEPS_PER_EXECUTION = {"residual_cnn_bn_dropout_3_steps_per_execution": 3}
 CASES = {  # name -> (builder, input shape)
     "dense_dropout_family": (dense_family, (8,)),
     "spatial_dropout": (spatial_family, (4, 4, 3)),
@@ -83,6 +84,8 @@ CASES = {  # name -> (builder, input shape)
     "batch_norm": (batch_norm(), (4, 4, 3)),
     "batch_norm_synchronized": (batch_norm(True), (4, 4, 3)),
     "residual_cnn_bn_dropout": (residual_cnn, (4, 4, 3)),
+    # several steps per call of the train function (the last call runs 1 step of the 4 per epoch)
+    "residual_cnn_bn_dropout_3_steps_per_execution": (residual_cnn, (4, 4, 3)),
 }
 
 
@@ -94,12 +97,12 @@ def data(shape):
     return x, y
 
 
-def train(builder, shape, wrapped):
+def train(builder, shape, wrapped, steps_per_execution=1):
     keras.utils.set_random_seed(11)
     model = builder()
     if wrapped:
         model = tnt.Model(model)
-    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", steps_per_execution=steps_per_execution)
     x, y = data(shape)
     history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
     inner = model.wrapped_model if wrapped else model
@@ -117,8 +120,9 @@ def difference(a, b):
 selected = sys.argv[1:] or list(CASES)
 for name in selected:
     builder, shape = CASES[name]
-    serial, serial_loss = train(builder, shape, False)
-    distributed, loss = train(builder, shape, True)
+    steps = STEPS_PER_EXECUTION.get(name, 1)
+    serial, serial_loss = train(builder, shape, False, steps)
+    distributed, loss = train(builder, shape, True, steps)
     gathered = collectives.allgather_object([v.tobytes() for v in distributed])
     identical = all(part == gathered[0] for part in gathered)
     print(f"RESULT {name} {max(difference(distributed, serial), difference(np.array(loss)[None], np.array(serial_loss)[None])):.3e} "
