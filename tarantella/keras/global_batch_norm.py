@@ -25,7 +25,8 @@ rows and combines them in the same order with Chan et al.'s parallel formula,
 M2 = Σ M2_r + Σ n_r (mean_r − mean)², as accurate as the two passes (the
 deviations are about local and global means, never E[x²]). Each blocking
 allreduce is a point where the ranks wait for each other; one fewer per layer
-is worth N times the values while they stay this small (results/batch_norm_cost). The gradient flows through the statistics as in serial
+is worth N times the values while they stay this small (results/batch_norm_cost).
+The gradient flows through the statistics as in serial
 Keras (whose variance treats the mean as a constant: the mean's gradient through
 it is zero): for this rank's sample x_i,
   dL/dx_i = G_mean / n + G_var * 2 (x_i - mean) / n,

@@ -1,7 +1,7 @@
 """Serial semantics for layers that look at the batch (issue 19): random layers draw each sample's serial values,
 BatchNormalization uses the global batch; at 1, 2 and 3 ranks (3: an uneven split, one empty micro-batch in the
-partial last batch), also with steps_per_execution=3, training equals serial Keras and every rank ends with identical variables
-(programs/batch_layers.py runs all cases in one launch)."""
+partial last batch), also with steps_per_execution=3, training equals serial Keras and every rank ends with
+identical variables (programs/batch_layers.py runs all cases in one launch)."""
 import os
 
 import pytest
