@@ -47,9 +47,10 @@ Placement
 
 Flags (units and defaults)
   -n N, -np N               number of ranks; default: see Placement
-  --hostfile FILE           hosts to run on; default: this host
-  -H, --host HOST:N,...     hosts and their slots (mpirun --host / -hosts); not with
-                            --hostfile
+  --hostfile FILE           hosts to run on (alias -hostfile, as mpirun spells it);
+                            default: this host
+  -H, --host HOST:N,...     hosts and their slots (aliases mpirun's -host and MPICH's
+                            -hosts); not with --hostfile
   --launch-agent CMD        how mpirun starts its daemon on another host: CMD HOST
                             COMMAND must run COMMAND there; default: ssh. Open MPI:
                             --mca plm_rsh_agent CMD; MPICH: -launcher-exec CMD
@@ -57,16 +58,19 @@ Flags (units and defaults)
                             traffic uses; this host must have it. Open MPI: --mca
                             btl_tcp_if_include X --mca oob_tcp_if_include X; MPICH:
                             -iface X (names only); default: what the MPI chooses
-  --npernode N, -N N        ranks per host (aliases --n-per-node, --devices-per-node;
-                            mpirun's -N; srun's -N counts nodes: use -H or --hostfile);
-                            default: each host's slots (no hostfile: n)
+  --npernode N, -N N        ranks per host (aliases --n-per-node, --devices-per-node,
+                            mpirun's -N and -npernode, MPICH's -ppn; srun's -N counts
+                            nodes: use -H or --hostfile); default: each host's slots
+                            (no hostfile: n)
   -x KEY=VALUE, -x KEY      export KEY=VALUE to every rank, or KEY with the value it has
-                            in the launcher's environment (as mpirun -x KEY); repeatable
+                            in the launcher's environment (as mpirun -x KEY; an error if
+                            KEY is not set there); repeatable
   --bind-to none|socket     mpirun's binding: none is the default; socket (or numa,
                             package) means --pin-to-socket; core, hwthread and the rest
                             are refused (tarantella pins whole sockets with numactl)
-  --map-by ppr:N:node       mpirun's mapping: ppr:N:node means --npernode N; other
-                            mappings are refused (ranks fill each host's slots in order)
+  --map-by slot|ppr:N:node  mpirun's mapping: slot is what tarantella always does (fill
+                            each host's slots in order); ppr:N:node means --npernode N;
+                            other mappings (node, socket, ...) are refused
   --pin-to-socket           run local rank i under `numactl --cpunodebind=S --preferred=S`,
                             S the i-th socket: at most one rank per socket; off by default
   --pin-memory-to-socket    the same with --membind=S (memory only from S); implies
@@ -184,12 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("-n", "-np", dest="nranks", type=int, metavar="N",
                         help="number of ranks (default: see Placement)")
-    parser.add_argument("--hostfile", metavar="FILE", help="hosts to run on (default: this host)")
-    parser.add_argument("-H", "--host", dest="host_list", metavar="HOST:N,...",
+    parser.add_argument("--hostfile", "-hostfile", metavar="FILE",
+                        help="hosts to run on (default: this host)")
+    parser.add_argument("-H", "--host", "-host", "-hosts", dest="host_list", metavar="HOST:N,...",
                         help="hosts and their rank counts, as a hostfile would give them "
-                             "(mpirun --host)")
-    parser.add_argument("--npernode", "-N", "--n-per-node", "--devices-per-node", dest="npernode",
-                        type=int, metavar="N",
+                             "(mpirun --host, MPICH -hosts)")
+    parser.add_argument("--npernode", "-N", "--n-per-node", "--devices-per-node", "-npernode", "-ppn",
+                        dest="npernode", type=int, metavar="N",
                         help="ranks per host (default: each host's slots; no hostfile: n)")
     parser.add_argument("--launch-agent", metavar="CMD",
                         help="starts MPI's daemon on the other hosts instead of ssh "
@@ -198,11 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="network for MPI's traffic (Open MPI --mca btl_tcp_if_include "
                              "and oob_tcp_if_include; MPICH -iface)")
     parser.add_argument("-x", dest="exports", action="append", default=[], metavar="KEY[=VALUE]",
-                        help="export KEY=VALUE, or KEY with its value here, to every rank; repeatable")
+                        help="export KEY=VALUE, or KEY with its value here (an error if unset), to every "
+                             "rank; repeatable")
     parser.add_argument("--bind-to", metavar="none|socket", default=None,
                         help="mpirun's: none (the default) or socket/numa (= --pin-to-socket)")
-    parser.add_argument("--map-by", metavar="ppr:N:node", default=None,
-                        help="mpirun's: only ppr:N:node (= --npernode N)")
+    parser.add_argument("--map-by", metavar="slot|ppr:N:node", default=None,
+                        help="mpirun's: slot (what tarantella does anyway) or ppr:N:node "
+                             "(= --npernode N)")
     parser.add_argument("--pin-to-socket", action="store_true",
                         help="pin local rank i to socket i with numactl --cpunodebind --preferred")
     parser.add_argument("--pin-memory-to-socket", action="store_true",

@@ -37,11 +37,11 @@ def _slots(text: str, where: str) -> int:
     return int(text)
 
 
-def _check_new(name: str, seen: dict, where: str, first_seen: str) -> None:
+def _check_new(name: str, seen: dict, where: str, first_seen: str, several: str = "slots=K") -> None:
     if name in seen:
         raise HostfileError(
             f"{where}: host {name!r} is already listed {first_seen}{seen[name]}; list each host "
-            f"once and give it slots=K for several ranks")
+            f"once and give it {several} for several ranks")
 
 
 def parse_host_list(text: str) -> list[Host]:
@@ -59,7 +59,7 @@ def parse_host_list(text: str) -> list[Host]:
         if count is not None and (not count.isdigit() or int(count) < 1):
             raise HostfileError(f"{where}: the count of host {name!r} must be a whole number "
                                 f">= 1, got {count!r}; write -H {name}:2")
-        _check_new(name, seen, where, "as entry ")
+        _check_new(name, seen, where, "as entry ", several=f"a count ({name}:2)")
         seen[name] = position
         hosts.append(Host(name, int(count) if count is not None else None))
     return hosts

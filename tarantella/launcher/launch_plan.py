@@ -137,7 +137,9 @@ def _placement(args, environ: Mapping[str, str], launcher_kind: str):
     if args.nranks is not None and args.npernode is not None and args.nranks != args.npernode:
         raise PlanError(
             f"without --hostfile all ranks run on this host, so -n {args.nranks} and "
-            f"--npernode {args.npernode} disagree; give one of them, or a --hostfile")
+            f"--npernode {args.npernode} disagree; give one of them, or a --hostfile "
+            f"(-N is mpirun's ranks per host; for srun's number of nodes give the hosts with -H or "
+            f"--hostfile)")
     nranks = args.nranks or args.npernode or 1
     return nranks, (), nranks
 

@@ -1,8 +1,9 @@
 """mpirun's and horovodrun's flags as their users type them by habit, in tarantella's terms.
 
-`-np N` and `-N N` are aliases of `-n N` and `--npernode N` (argparse, cli.py). This module takes the
-two flags that do not map one to one: `--bind-to` (tarantella itself gives Open MPI `--bind-to none`
-and pins whole sockets with numactl) and `--map-by` (tarantella fills each host's slots in order).
+`-np N`, `-N N` (also `-npernode`, `-ppn`), `-hostfile` and `-host`/`-hosts` are aliases of `-n N`,
+`--npernode N`, `--hostfile` and `-H` (argparse, cli.py). This module takes the two flags that do not
+map one to one: `--bind-to` (tarantella itself gives Open MPI `--bind-to none` and pins whole sockets
+with numactl) and `--map-by` (tarantella fills each host's slots in order, mpirun's `--map-by slot`).
 A value with no tarantella equivalent is refused with a one-line error saying what to write instead.
 """
 from __future__ import annotations
@@ -38,12 +39,17 @@ def _bind_to(args, what: str) -> None:
 
 
 def _map_by(args, what: str) -> None:
+    if what == "slot":  # mpirun's default, and the only order tarantella places ranks in
+        return
     match = _PPR_NODE.match(what)
     if match is None:
         raise PlanError(f"--map-by {args.map_by}: tarantella places ranks host by host, filling each host's "
-                        f"slots in order; choose ranks per host with --npernode N (or --map-by ppr:N:node) and "
-                        f"hosts with -H host:N / --hostfile")
+                        f"slots in order (--map-by slot); choose ranks per host with --npernode N (or --map-by "
+                        f"ppr:N:node) and hosts with -H host:N / --hostfile")
     per_node = int(match.group(1))
+    if per_node < 1:
+        raise PlanError(f"--map-by {args.map_by}: a host must take at least 1 rank; write --map-by ppr:N:node "
+                        f"with N >= 1")
     if args.npernode is not None and args.npernode != per_node:
         raise PlanError(f"--map-by {args.map_by} and --npernode {args.npernode} disagree; give one of them")
     args.npernode = per_node

@@ -76,4 +76,4 @@ def check_ranks_fit(ranks_per_node: int, nodes: list[NumaNode]) -> None:
             f"pinning puts each rank of a host on its own socket, but {ranks_per_node} ranks per "
             f"host were asked and `numactl --hardware` shows {len(nodes)} NUMA node(s) with CPUs "
             f"({ids}); run at most {len(nodes)} rank(s) per host (--npernode {len(nodes)}) or "
-            f"drop --pin-to-socket/--pin-memory-to-socket")
+            f"drop --pin-to-socket/--pin-memory-to-socket/--bind-to socket")

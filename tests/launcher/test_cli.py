@@ -50,7 +50,7 @@ BAD = {
     "-x NAME not set here": ["-x", "TNT_TEST_SURELY_UNSET_VARIABLE", "{script}"],
     "--bind-to core": ["--bind-to", "core", "{script}"],
     "--bind-to none with pinning": ["--bind-to", "none", "--pin-to-socket", "{script}"],
-    "--map-by slot": ["--map-by", "slot", "{script}"],
+    "--map-by node": ["--map-by", "node", "{script}"],
     "--map-by and --npernode disagree": ["--map-by", "ppr:2:node", "--npernode", "3", "{script}"],
     "-x bad name": ["-x", "1FOO=2", "{script}"],
     "missing script": ["-n", "2", "/nonexistent/train.py"],
