@@ -20,13 +20,6 @@ from .dry_run import (MPICH_LAUNCHER, OPENMPI_LAUNCHER, ROOT_HOST, USER_HOST, dr
 
 
 @pytest.fixture
-def script(tmp_path):
-    path = tmp_path / "train.py"
-    path.write_text("print('hello')\n")
-    return str(path)
-
-
-@pytest.fixture
 def hostfile(tmp_path):
     def write(text, name="hosts"):
         path = tmp_path / name

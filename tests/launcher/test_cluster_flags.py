@@ -16,13 +16,6 @@ from tarantella.launcher.supervisor import run_job
 from .dry_run import MPICH_LAUNCHER, OPENMPI_LAUNCHER, USER_HOST, dry_run, launcher_part
 
 
-@pytest.fixture
-def script(tmp_path):
-    path = tmp_path / "train.py"
-    path.write_text("print('hello')\n")
-    return str(path)
-
-
 def _a_subnet() -> str:
     name, address = next(iter(local_addresses().items()))
     return address.rsplit(".", 1)[0] + ".0/24"

@@ -27,13 +27,6 @@ from .test_pinning import NODES
 
 
 @pytest.fixture
-def script(tmp_path):
-    path = tmp_path / "train.py"
-    path.write_text("print('hello')\n")
-    return str(path)
-
-
-@pytest.fixture
 def hosts(tmp_path):
     path = tmp_path / "hosts"
     path.write_text("a slots=4\nb slots=4\n")

@@ -52,13 +52,6 @@ def test_too_many_ranks_per_socket():
         check_ranks_fit(3, NODES)
 
 
-@pytest.fixture
-def script(tmp_path):
-    path = tmp_path / "train.py"
-    path.write_text("pass\n")
-    return str(path)
-
-
 def test_dry_run_pins_each_local_rank(capsys, script):
     options = wrapper_part(dry_run(capsys, ["-n", "2", "--pin-to-socket", script],
                                    probe_numa=lambda: NODES))
