@@ -11,7 +11,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
-from tarantella import collectives  # noqa: E402
+from serial_comparison import elementwise_difference, identical_on_ranks  # noqa: E402
 
 SAMPLES, BATCH, EPOCHS = 26, 8, 2
 L = keras.layers
@@ -109,21 +109,11 @@ def train(builder, shape, wrapped, steps_per_execution=1):
     return [np.array(v) for v in inner.variables], history.history["loss"]
 
 
-def difference(a, b):
-    """Largest element-wise difference relative to max(1, |serial|); inf where either holds a NaN."""
-    if any(np.isnan(p.astype(np.float64)).any() or np.isnan(q.astype(np.float64)).any() for p, q in zip(a, b)):
-        return float("inf")
-    return max(float(np.max(np.abs(p.astype(np.float64) - q.astype(np.float64)) / np.maximum(1.0, np.abs(q))))
-               if p.size else 0.0 for p, q in zip(a, b))
-
-
 selected = sys.argv[1:] or list(CASES)
 for name in selected:
     builder, shape = CASES[name]
     steps = STEPS_PER_EXECUTION.get(name, 1)
     serial, serial_loss = train(builder, shape, False, steps)
     distributed, loss = train(builder, shape, True, steps)
-    gathered = collectives.allgather_object([v.tobytes() for v in distributed])
-    identical = all(part == gathered[0] for part in gathered)
-    print(f"RESULT {name} {max(difference(distributed, serial), difference(np.array(loss)[None], np.array(serial_loss)[None])):.3e} "
-          f"{identical}", flush=True)
+    found = max(elementwise_difference(distributed, serial), elementwise_difference([loss], [serial_loss]))
+    print(f"RESULT {name} {found:.3e} {identical_on_ranks(distributed)}", flush=True)

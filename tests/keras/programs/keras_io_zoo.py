@@ -20,7 +20,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
-from tarantella import collectives  # noqa: E402
+from serial_comparison import elementwise_difference, identical_on_ranks  # noqa: E402
 from zoo import EXAMPLES  # noqa: E402
 
 
@@ -29,17 +29,6 @@ def train(example, wrap):
     model, history = example(wrap)
     inner = getattr(model, "wrapped_model", model)
     return [np.asarray(v.numpy()) for v in inner.variables], history.history
-
-
-def difference(a, b):
-    """Largest element-wise difference relative to max(1, |serial|); inf where either holds a NaN."""
-    a, b = [np.asarray(p, np.float64) for p in a], [np.asarray(q, np.float64) for q in b]
-    if len(a) != len(b) or any(p.shape != q.shape for p, q in zip(a, b)):
-        return float("inf")
-    if any(np.isnan(p).any() or np.isnan(q).any() for p, q in zip(a, b)):
-        return float("inf")
-    return max((float(np.max(np.abs(p - q) / np.maximum(1.0, np.abs(q)))) for p, q in zip(a, b) if p.size),
-               default=0.0)
 
 
 arguments = sys.argv[1:]
@@ -52,10 +41,9 @@ for name in arguments or list(EXAMPLES):
         variables, history = train(EXAMPLES[name], tnt.Model)
         assert sorted(history) == sorted(serial_history), (sorted(history), sorted(serial_history))
         keys = sorted(history)
-        found = max(difference(variables, serial_variables),
-                    difference([history[k] for k in keys], [serial_history[k] for k in keys]))
-        gathered = collectives.allgather_object([v.tobytes() for v in variables])
-        print(f"RESULT {name} {found:.3e} {all(part == gathered[0] for part in gathered)}", flush=True)
+        found = max(elementwise_difference(variables, serial_variables),
+                    elementwise_difference([history[k] for k in keys], [serial_history[k] for k in keys]))
+        print(f"RESULT {name} {found:.3e} {identical_on_ranks(variables)}", flush=True)
     except Exception:  # noqa: BLE001 - one example's failure is its result; the others still run
         traceback.print_exc()
         print(f"RESULT {name} error False", flush=True)

@@ -4,6 +4,7 @@ import json
 import numpy as np
 
 import tarantella as tnt
+from tarantella import collectives
 
 RANK, SIZE = tnt.get_rank(), tnt.get_size()
 
@@ -24,3 +25,21 @@ def logs_difference(serial, distributed):
     """The largest relative difference between two fit histories, over every logged value."""
     return max(float(np.max(np.abs(np.asarray(v) - np.asarray(distributed.history[k]))
                             / np.maximum(np.abs(np.asarray(v)), 1e-12))) for k, v in serial.history.items())
+
+
+def elementwise_difference(a, b):
+    """Largest element-wise difference of the arrays `a` from the serial `b`, relative to max(1, |serial|);
+    inf where their counts or shapes differ or either holds a NaN."""
+    a, b = [np.asarray(p, np.float64) for p in a], [np.asarray(q, np.float64) for q in b]
+    if len(a) != len(b) or any(p.shape != q.shape for p, q in zip(a, b)):
+        return float("inf")
+    if any(np.isnan(p).any() or np.isnan(q).any() for p, q in zip(a, b)):
+        return float("inf")
+    return max((float(np.max(np.abs(p - q) / np.maximum(1.0, np.abs(q)))) for p, q in zip(a, b) if p.size),
+               default=0.0)
+
+
+def identical_on_ranks(arrays) -> bool:
+    """Collective: every rank holds the same bits in `arrays`."""
+    gathered = collectives.allgather_object([np.asarray(v).tobytes() for v in arrays])
+    return all(part == gathered[0] for part in gathered)
