@@ -27,6 +27,7 @@ class Record:
     reference: str | None                # directory of the record the master rank compared itself with
     batch_norm: str | None = None        # tnt.Model's batch_norm ("global", "local"; None: not a tnt.Model)
     unmatched_random_ops: tuple = ()     # random ops whose values could not be serial's ("name (type)")
+    batch_norm_layers: int = 0           # BatchNormalization layers in the trained model
 
     @property
     def step_count(self) -> int:
@@ -73,4 +74,4 @@ def load_record(directory: str, name: str) -> Record:
     return Record(name, directory, master["steps"], {rank: doc["steps"] for rank, doc in documents.items()},
                   master["world_size"], master["strategy"], master["gradient_reductions"],
                   master["reduction_count_source"], master["reference"], master.get("batch_norm"),
-                  tuple(master.get("unmatched_random_ops") or ()))
+                  tuple(master.get("unmatched_random_ops") or ()), int(master.get("batch_norm_layers") or 0))

@@ -12,6 +12,7 @@ import os
 import math
 import statistics
 
+from repro import verdicts
 from repro.check import CheckOptions, CheckOutcome
 from tarantella._provenance import describe_machine, describe_software, describe_source
 
@@ -133,7 +134,8 @@ def verdict_lines(outcome: CheckOutcome) -> list[str]:
         if verdict.get("compared"):
             lines.append(_scope_line(verdict["compared"]))
         if verdict.get("cause"):
-            lines.append(f"    likely cause: {verdict['cause']}")
+            lines.append(f"    {'why' if verdict['verdict'] == verdicts.NOT_COMPARED else 'likely cause'}: "
+                         f"{verdict['cause']}")
         if verdict.get("fix"):
             lines.append(f"    fix: {verdict['fix']}")
     return lines

@@ -27,14 +27,15 @@ from repro.compare import differences, ranks_disagree, scope
 from repro.records import Record
 from repro.tolerance import CAP, Tolerance
 
-__all__ = ["PASSING", "WRAP_FIX", "layer_of", "equivalence", "run_to_run", "as_written", "failed_run",
+__all__ = ["PASSING", "NOT_COMPARED", "WRAP_FIX", "ghost_batches_not_compared", "layer_of", "equivalence", "run_to_run", "as_written", "failed_run",
            "not_distributed", "calibration_exceeds_cap"]
 
 WRAP_FIX = ("wrap the model for training: `import tarantella as tnt` and `model = tnt.Model(model)` before "
             "compile/fit; or check the script unmodified with `tnt-repro check --wrap ...`, which trains its "
             "keras.Model through tnt.Model")
 
-PASSING = ("IDENTICAL", "EQUIVALENT")
+NOT_COMPARED = "NOT COMPARED"  # a comparison that would measure a documented difference of design, not a defect
+PASSING = ("IDENTICAL", "EQUIVALENT", NOT_COMPARED)
 
 _LOCAL_BATCH_NORM = ("tnt.Model(..., batch_norm=\"local\"): each rank normalises with its own micro-batch's "
                      "statistics and updates its moving averages from them; drop batch_norm=\"local\" for "
@@ -77,8 +78,10 @@ def _distributed_cause(step: int, key: str, reference: Record, other: Record, to
     if other.batch_norm == "local":
         return _LOCAL_BATCH_NORM
     if exact and ("moving_mean" in name or "moving_variance" in name):
-        return ("exact mode does not cover BatchNormalization yet: its virtual micro-batches normalise with their "
-                "own statistics (check in tolerance mode, where BatchNormalization uses the global batch)")
+        return ("the moving statistics differ in exact mode, which takes one moving-average step per global "
+                "batch from the virtual micro-batches' moments summed in the fixed tree (Note "
+                "[BatchNormalization in exact mode]): a layer with renorm=True, or a rank count or allreduce "
+                "that is not exact mode's")
     if tolerance is not None and tolerance.order_sensitive:
         return ("the model treats samples by their position in the batch in a way serial semantics cannot follow "
                 "(a layer reading row indices, random values not drawn per sample): reversing a batch in the "
@@ -88,16 +91,25 @@ def _distributed_cause(step: int, key: str, reference: Record, other: Record, to
         if None not in losses and abs(losses[0] - losses[1]) > 1e-3 * max(abs(losses[0]), 1e-30):
             return ("the first step's loss already differs: the step sees other data (the data order depends on "
                     "the rank count or on an unseeded shuffle: batch with the GLOBAL batch size, seed "
-                    "shuffle/list_files) or other random values (random layers in exact mode, which does not "
-                    "cover them yet, or a random op tarantella cannot draw per sample, Note [Random values by "
-                    "sample, not by rank])")
+                    "shuffle/list_files) or other random values (a random op tarantella cannot draw per sample, "
+                    "Note [Random values by sample, not by rank])")
     if exact:
         return ("the summation order differs: exact mode needs the recursive_doubling allreduce, power-of-two rank "
-                "counts, global batches that are multiples of the virtual micro-batch count, equal thread counts, "
-                "and (not yet covered there) a model without random layers")
+                "counts, global batches that are multiples of the virtual micro-batch count and equal thread "
+                "counts")
     return ("differences grew beyond the measured reassociation envelope: a non-deterministic or rank-count "
             "dependent op (random layers, time- or rank-seeded values, unsorted reductions), or training "
             "so chaotic that rounding differences explode (use --mode exact to compare bit for bit)")
+
+
+def ghost_batches_not_compared(reference: Record, label: str) -> dict:
+    """Exact serial against production serial for a model with BatchNormalization: they normalise different
+    batches by design (Note [BatchNormalization in exact mode]), so their distance measures nothing."""
+    return {"check": label, "devices": 1, "verdict": NOT_COMPARED, "first_divergence": None,
+            "cause": (f"the model has {reference.batch_norm_layers} BatchNormalization layer"
+                      f"{'s' if reference.batch_norm_layers != 1 else ''}: exact mode normalises each virtual "
+                      f"micro-batch with its own statistics (ghost batches), production with the global batch's "
+                      f"(Note [BatchNormalization in exact mode]); tolerance mode compares production runs")}
 
 
 def not_distributed(record: Record, devices: int) -> dict | None:

@@ -19,13 +19,12 @@ is computed by the same ops on the same shapes from the same weights, so the
 leaves are bitwise equal too: the sum, and every weight after it, has the same
 bits for P = 1, 2, 4, ..., V.
 
-What it cannot cover: the model's forward pass sees micro-batches of B/V, so
-layers that couple samples (BatchNormalization's batch statistics) compute
-"ghost batch" statistics over B/V samples — the same at every P, but not the
-statistics of the full batch; their non-trainable state (moving mean and
-variance) is updated per rank from that rank's micro-batches only, so it
-differs between ranks and from serial. Random layers (Dropout) draw a mask per
-call, so the masks depend on which rank runs which micro-batch. Every global
+Layers that look at the batch: BatchNormalization normalises each virtual
+micro-batch with its own statistics and takes one moving-average step per
+global batch from their fixed-tree sum (Note [BatchNormalization in exact
+mode] in tarantella/_repro/exact_batch_norm.py); random layers draw each
+sample's serial values from the step's seed state (Note [Random values by
+sample, not by rank]). Both give the same bits at every P. Every global
 batch, including a last partial one, must hold a multiple of V samples.
 Summation inside one micro-batch (the batch dimension of a matmul, the loss
 mean) is left to the kernels: it is the same at every P because the shapes

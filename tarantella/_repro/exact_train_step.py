@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 
 from tarantella import runtime
-from tarantella._repro import exact_reduction
+from tarantella._repro import exact_batch_norm, exact_reduction
 from tarantella.data import distributed_dataset
 from tarantella.keras import batch_position, tf_steps
 
@@ -51,18 +51,18 @@ def prepare(virtual_batches: int, size: int) -> None:
     tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
 
 
-def _piece_position(model, global_size, index: int, piece) -> batch_position.BatchPosition:
+def _piece_position(model, global_size, index: int, piece, statistics) -> batch_position.BatchPosition:
     """Where virtual micro-batch `index` of this rank sits in the global batch. Random layers then draw each
-    sample's serial values, the same for every split of the batch, so bitwise alike at every rank count.
-    Without a statistics allreduce BatchNormalization keeps Keras's own statistics of the piece: V is fixed, so
-    they too are alike at every rank count, but the moving averages are this rank's pieces' only (exact mode
-    does not cover BatchNormalization yet)."""
+    sample's serial values, the same for every split of the batch, so bitwise alike at every rank count;
+    BatchNormalization normalises with the piece's statistics and hands them to `statistics`
+    (Note [BatchNormalization in exact mode])."""
     global_size = tf.cast(global_size, tf.int64)
     start, _ = distributed_dataset.rank_start_count(global_size, model.world_size, runtime.get_rank())
     piece = tf.cast(piece, tf.int64)
     return batch_position.BatchPosition(start=start + index * piece, rows=piece, samples=piece,
                                         global_size=global_size, static_rows=None, world_size=model.world_size,
-                                        batch_norm=model.batch_norm, statistics_allreduce=None)
+                                        batch_norm=model.batch_norm, statistics_allreduce=None,
+                                        piece_statistics=statistics)
 
 
 def train_step(model, data, virtual_batches: int):
@@ -83,6 +83,8 @@ def train_step(model, data, virtual_batches: int):
     # piece's draws leave them advanced once, as serial's.
     seed_states = [v for v in model.variables if v.name == "seed_generator_state"]
     step_states = [tf.identity(v) for v in seed_states]
+    statistics = exact_batch_norm.PieceStatistics(model)
+    statistics.snapshot()
     for index in range(per_rank):
         for variable, state in zip(seed_states, step_states):
             variable.assign(state)
@@ -90,7 +92,8 @@ def train_step(model, data, virtual_batches: int):
             return None if tensor is None else tensor[index * piece:(index + 1) * piece]
         x_i, y_i, w_i = (tf.nest.map_structure(part, value) if value is not None else None
                          for value in (x, y, sample_weight))
-        with tf.GradientTape() as tape, batch_position.tracing_step(_piece_position(model, global_size, index, piece)):
+        with tf.GradientTape() as tape, batch_position.tracing_step(
+                _piece_position(model, global_size, index, piece, statistics)):
             y_pred = model(x_i, training=True)
             loss = model.compute_loss(x=x_i, y=y_i, y_pred=y_pred, sample_weight=w_i, training=True)
             share = tf.cast(piece, loss.dtype) / tf.cast(global_size, loss.dtype)
@@ -101,6 +104,7 @@ def train_step(model, data, virtual_batches: int):
         # step, after the last piece (one collective per step, as every rank makes it once).
         with model.local_metric_results():
             model.compute_metrics(x_i, y_i, y_pred, sample_weight=w_i)
+    statistics.update_moving_statistics(model.statistics_allreduce if model.world_size > 1 else None)
     local_sum = exact_reduction.tree_sum_lists(per_batch_gradients)
     model.optimizer.apply(model.reduce_gradients(local_sum, variables), variables)
     return model.get_metrics_result()

@@ -162,6 +162,7 @@ def make_recorder(directory: str, reference: str | None = None, store_weights: b
             document = {"rank": self.rank, "world_size": world_size_from_environment(),
                         "strategy": reductions.strategy_of(self.model),
                         "batch_norm": getattr(self.model, "batch_norm", None),
+                        "batch_norm_layers": _batch_norm_layers(self.model),
                         "unmatched_random_ops": serial_random.unmatched(),
                         "gradient_reductions": self.steps[-1]["reductions"] if self.steps else None,
                         "reduction_count_source": self.counter.source if self.counter else None,
@@ -172,6 +173,12 @@ def make_recorder(directory: str, reference: str | None = None, store_weights: b
             os.replace(path + ".tmp", path)
 
     return Recorder()
+
+
+def _batch_norm_layers(model) -> int:
+    """BatchNormalization layers in `model` (nested models and tnt.Model's wrapped model included)."""
+    import keras
+    return sum(isinstance(layer, keras.layers.BatchNormalization) for layer in model._flatten_layers())
 
 
 def _positive_int_env(name: str) -> int | None:

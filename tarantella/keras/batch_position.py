@@ -36,10 +36,13 @@ class BatchPosition:
     samples: tf.Tensor
     global_size: tf.Tensor
     static_rows: int | None
-    world_size: int
+    world_size: int               # the ranks whose samples share BatchNormalization's statistics
     batch_norm: str
-    statistics_allreduce: object  # callable(list of tensors) -> their sums over the ranks; None: the step's own
-                                  # statistics (exact mode's virtual micro-batches)
+    statistics_allreduce: object  # callable(tensor) -> its sum over those ranks; None: the statistics of the
+                                  # rows this call runs (Keras's own)
+    rank: int = 0                 # this rank's index among them
+    piece_statistics: object = None  # exact mode's recorder of each virtual micro-batch's moments
+                                     # (tarantella/_repro/exact_batch_norm.py)
 
 
 _state = threading.local()
@@ -74,4 +77,5 @@ def of_step(model, batch, global_size, samples) -> BatchPosition | None:
     static_rows = first.shape[0]
     return BatchPosition(start=start, rows=tf.shape(first, out_type=tf.int64)[0], samples=tf.cast(samples, tf.int64),
                          global_size=global_size, static_rows=static_rows, world_size=model.world_size,
-                         batch_norm=model.batch_norm, statistics_allreduce=model.statistics_allreduce)
+                         batch_norm=model.batch_norm, statistics_allreduce=model.statistics_allreduce,
+                         rank=runtime.get_rank())

@@ -56,7 +56,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella import runtime
 from tarantella.keras import batch_position
 
 __all__ = ["install", "global_moments"]
@@ -77,10 +76,16 @@ def install() -> None:
 
     def _moments(self, inputs, mask):
         position = batch_position.current()
-        if position is None or position.statistics_allreduce is None or \
-                (position.batch_norm == batch_position.LOCAL_BATCH_NORM and not self.synchronized):
+        if position is None:
             return original(self, inputs, mask)
         axes = [axis for axis in range(inputs.shape.rank) if axis not in _channel_axes(self, inputs.shape.rank)]
+        if position.piece_statistics is not None:  # Note [BatchNormalization in exact mode]
+            mean, variance = original(self, inputs, mask)
+            position.piece_statistics(self, inputs, mask, axes, mean, variance)
+            return mean, variance
+        if position.statistics_allreduce is None or \
+                (position.batch_norm == batch_position.LOCAL_BATCH_NORM and not self.synchronized):
+            return original(self, inputs, mask)
         return global_moments(inputs, mask, axes, position)
 
     layer_class._moments = _moments
@@ -116,7 +121,7 @@ def global_moments(inputs: tf.Tensor, mask, axes: list[int], position: batch_pos
         size = tf.size(local_sum)
         if gathered:
             count, mean, variance = _gathered_moments(x, axes, kept, local_sum, local_count, present, channels,
-                                                      position.world_size, allreduce)
+                                                      position.world_size, position.rank, allreduce)
             centred = x - tf.reshape(mean, kept)
         else:
             count, mean, variance, centred = _two_pass_moments(x, axes, kept, local_sum, local_count, weights,
@@ -159,7 +164,8 @@ def _two_pass_moments(x, axes, kept, local_sum, local_count, weights, present, a
     return count, mean, variance, centred
 
 
-def _gathered_moments(x, axes, kept, local_sum, local_count, present, channels: int, world_size: int, allreduce):
+def _gathered_moments(x, axes, kept, local_sum, local_count, present, channels: int, world_size: int, rank: int,
+                      allreduce):
     """(count, mean, variance) of the global batch in ONE allreduce: each rank puts its (count, sum, sum of
     squared deviations about its own mean) in its row of an N x (2C + 1) block, the sum of the blocks gives
     every rank all rows, and every rank combines them in the same order (Chan et al.'s parallel variance:
@@ -170,7 +176,6 @@ def _gathered_moments(x, axes, kept, local_sum, local_count, present, channels: 
     deviations = tf.reduce_sum(tf.square(x - tf.reshape(own_mean, kept)), axis=axes) * present
     row = tf.concat([local_count, tf.reshape(local_sum, [-1]), tf.reshape(deviations, [-1])], axis=0)
     width = 2 * channels + 1
-    rank = runtime.get_rank()
     block = tf.concat([tf.zeros([rank * width], dtype), row, tf.zeros([(world_size - rank - 1) * width], dtype)], 0)
     rows = tf.reshape(allreduce(block), [world_size, width])
     counts, sums, squares = rows[:, :1], rows[:, 1:channels + 1], rows[:, channels + 1:]

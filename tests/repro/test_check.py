@@ -233,6 +233,25 @@ def test_batch_norm_dropout_and_augmentation_are_equivalent_to_serial(tmp_path):
 
 @pytest.mark.multirank
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_batch_norm_and_random_layers_are_identical_in_exact_mode(tmp_path):
+    """Exact mode (issue 19 §3): ghost-batch statistics per virtual micro-batch, one moving-average step per
+    global batch from their fixed-tree sum, serial's draws: weights and moving statistics bit for bit alike at
+    1, 2 and 4 devices; the exact-vs-production comparison is skipped with its reason, not failed."""
+    code, stdout, stderr, report = check(tmp_path, RESIDUAL_CNN, "--wrap", "--devices", "1,2,4", "--steps", "3",
+                                         "--mode", "exact", "--virtual-batches", "4", "--no-as-written")
+    assert code == 0, stdout + stderr
+    found = verdicts_of(report)
+    for devices in (1, 2, 4):
+        verdict = found[f"serial vs {devices} device{'s' if devices > 1 else ''}"]
+        assert verdict["verdict"] == "IDENTICAL", verdict
+        assert verdict["compared"]["tensors"] == 14  # the 8 moving statistics included
+    production = found["exact serial vs production serial"]
+    assert production["verdict"] == "NOT COMPARED" and "2 BatchNormalization layers" in production["cause"]
+    assert "    why: the model has 2 BatchNormalization layers" in stdout
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
 def test_local_batch_norm_is_named_as_the_cause(tmp_path):
     code, stdout, stderr, report = check(tmp_path, RESIDUAL_CNN, "--devices", "2", "--steps", "3",
                                          "--no-as-written", "--", "--local-batch-norm")
