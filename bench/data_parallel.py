@@ -71,9 +71,27 @@ def _run(model, mode, ranks, args, repeat=0) -> dict:
         from tarantella.keras.overlap import overlap_from_trace, overlap_summary
         summary = overlap_summary(overlap_from_trace(timeline), skip_steps=args.warmup_steps)
         if summary:
-            row["communication"] = dict(summary, timeline=os.path.relpath(timeline, args.out))
+            row["communication"] = dict(summary, timeline=os.path.relpath(timeline, args.out),
+                                        **statistics_allreduces(timeline, args.warmup_steps))
     row.update(command=" ".join(command), started=started, load_average_1m=round(os.getloadavg()[0], 2))
     return row
+
+
+def statistics_allreduces(trace_path: str, skip_steps: int) -> dict:
+    """BatchNormalization's blocking statistics allreduces per step from a trace (their timeline spans, steps
+    after warm-up, means over ranks and steps): how many, and the seconds from input to sum."""
+    from tarantella.timeline import names, trace_file
+    with open(trace_path) as handle:
+        spans = trace_file.spans(json.load(handle), names.STATISTICS_ALLREDUCE)
+    per_step: dict = {}
+    for span in spans:
+        if span["args"]["step"] >= skip_steps:
+            count, seconds = per_step.get((span["pid"], span["args"]["step"]), (0, 0.0))
+            per_step[(span["pid"], span["args"]["step"])] = (count + 1, seconds + span["dur"] * 1e-6)
+    if not per_step:
+        return {"statistics_allreduces_per_step": 0, "statistics_s_per_step": 0.0}
+    return {"statistics_allreduces_per_step": statistics.mean(c for c, _ in per_step.values()),
+            "statistics_s_per_step": statistics.mean(s for _, s in per_step.values())}
 
 
 def _available_configs():

@@ -41,6 +41,11 @@ _LOCAL_BATCH_NORM = ("tnt.Model(..., batch_norm=\"local\"): each rank normalises
                      "statistics and updates its moving averages from them; drop batch_norm=\"local\" for "
                      "BatchNormalization over the global batch, as serial Keras")
 
+_PIPELINE_BATCH_NORM = ("pipelining normalises each micro-batch with its own statistics (taken over the stage's "
+                        "replicas), as GPipe does: BatchNormalization sees B/M samples where serial Keras sees B, "
+                        "and its moving statistics take M steps per batch (Note [A pipeline's micro-batches and "
+                        "the layers that look at the batch]); num_micro_batches=1 gives serial's statistics")
+
 
 def layer_of(key: str) -> str:
     """The layer name in a recorder key "003:sequential/dense_1/bias"."""
@@ -77,6 +82,8 @@ def _distributed_cause(step: int, key: str, reference: Record, other: Record, to
                 f"with keras.random or tf.random.stateless_* instead)")
     if other.batch_norm == "local":
         return _LOCAL_BATCH_NORM
+    if other.strategy.startswith("pipelining") and other.batch_norm_layers:
+        return _PIPELINE_BATCH_NORM
     if exact and ("moving_mean" in name or "moving_variance" in name):
         return ("the moving statistics differ in exact mode, which takes one moving-average step per global "
                 "batch from the virtual micro-batches' moments summed in the fixed tree (Note "

@@ -134,7 +134,7 @@ def main(argv=None) -> int:
 def _measure_profile(entry, keras_model, args, step_times):
     import numpy as np
     from bench.data.synthetic import synthetic_batch
-    from bench.simulate.model_profile import gradient_timeline, measure_phases
+    from bench.simulate.model_profile import batch_norm_layers, gradient_timeline, measure_phases
 
     inputs, labels = synthetic_batch(entry, args.global_batch, seed=args.seed)
     phases = measure_phases(keras_model, _loss(entry), inputs, labels)
@@ -152,6 +152,7 @@ def _measure_profile(entry, keras_model, args, step_times):
             "fixed_s": max(step_s - per_example_s * batch, 0.0), "phases": phases,
             "step_times_s": list(step_times),  # their spread: the stragglers of a simulation
             "gradients": gradient_timeline(keras_model, one_inputs),
+            "batch_norm": batch_norm_layers(keras_model),
             "threads": int(os.environ.get("TF_NUM_INTRAOP_THREADS", "0") or 0) or os.cpu_count(),
             "host": socket.gethostname()}
 

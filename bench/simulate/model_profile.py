@@ -8,6 +8,8 @@
                  backward pass done when the gradient is complete
     step_times_s the 1-device run's timed steps (their spread: stragglers), `threads`
                  the cores it used
+    batch_norm   one entry per BatchNormalization layer call, forward order: its channels
+                 (the global statistics' allreduces per step follow from them)
 
 Backprop is timed as a whole; its split over layers is estimated from each layer's
 cost (2 x weights used x output positions, plus the elementwise work of every layer),
@@ -23,7 +25,8 @@ import time
 
 import numpy as np
 
-__all__ = ["layer_costs", "gradient_timeline", "measure_phases", "save_profile", "load_profile"]
+__all__ = ["layer_costs", "gradient_timeline", "batch_norm_layers", "measure_phases", "save_profile",
+           "load_profile"]
 
 _ELEMENTWISE_COST = 8.0   # flop-equivalents per output element for memory-bound work, fwd+bwd
 
@@ -84,6 +87,20 @@ def gradient_timeline(model, example_inputs) -> list[dict]:
                          "ready_fraction": float(remaining_after[index] / total)})
     timeline.sort(key=lambda g: (g["ready_fraction"], -_position(model, g["name"])))
     return timeline
+
+
+def batch_norm_layers(model) -> list[dict]:
+    """Per BatchNormalization call, in forward order: the layer and its channels (the product of the kept
+    axes' sizes of its input)."""
+    found = []
+    for layer, outputs in _layer_outputs(model):
+        if layer.__class__.__name__ != "BatchNormalization":
+            continue
+        for output in outputs:
+            axes = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
+            channels = int(np.prod([output.shape[axis] for axis in axes]))
+            found.append({"layer": layer.name, "channels": channels})
+    return found
 
 
 def _position(model, path):

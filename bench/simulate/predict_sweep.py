@@ -41,5 +41,7 @@ def simulated_row(profile: dict, cluster: ClusterProfile, devices: int, micro_ba
         "predicted_buckets": prediction.buckets,
         "predicted_algorithm": prediction.algorithm,
         "predicted_compute_source": prediction.compute_source,
+        "predicted_statistics_s": prediction.statistics_s,
+        "predicted_statistics_allreduces": prediction.statistics_allreduces,
         "cluster_sha256": cluster.sha256,
     }

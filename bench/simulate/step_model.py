@@ -18,6 +18,11 @@ nothing is fitted to a scaling curve.
                  its allreduce, over the host link (cpu: a copy at the rank's share of the
                  node's memory bandwidth); copies run one at a time per direction
     allreduce    per bucket, the algorithm the engine would choose (allreduce_cost.py)
+    statistics   BatchNormalization over the global batch: per layer and step the blocking
+                 allreduces of tarantella/batch_norm_allreduces.py (forward: one of
+                 N x (2C + 1) values, or two of C + 1 and C; backward: one of 2C), each a
+                 point where compute stops until the sum is back: added to the forward and
+                 the backward pass (not with batch_norm="local", nor on 1 device)
 So, with ready(i) = forward + backward x ready_fraction(i) (x 1 without overlap):
     out(i)   = max(ready(i), out(i-1)) + copy(i)         (= ready(i) without copies)
     end(i)   = max(out(i), end(i-1)) + allreduce(i)
@@ -34,6 +39,7 @@ from bench.simulate.allreduce_cost import allreduce_time, choose_algorithm
 from bench.simulate.cluster_profile import ClusterProfile
 from bench.simulate.compute_model import rank_compute
 from bench.simulate.stragglers import measured_cv, straggler_factor
+from tarantella.batch_norm_allreduces import allreduce_values
 
 __all__ = ["Bucket", "lay_out_buckets", "StepPrediction", "predict_step", "straggler_cv"]
 
@@ -70,6 +76,8 @@ class StepPrediction:
     buckets: int
     algorithm: str                  # the engine's choice for the largest bucket
     compute_source: str
+    statistics_s: float = 0.0       # BatchNormalization's blocking statistics allreduces, forward and backward
+    statistics_allreduces: int = 0  # their number per step
 
 
 def straggler_cv(profile: dict, cluster: ClusterProfile) -> float:
@@ -86,10 +94,23 @@ def _copy_s(nbytes: int, cluster: ClusterProfile, devices: int) -> float:
     return nbytes / bandwidth if bandwidth != float("inf") else 0.0
 
 
+def statistics_cost(profile: dict, cluster: ClusterProfile, devices: int, algorithm: str) -> tuple[float, float, int]:
+    """(forward seconds, backward seconds, allreduces) of the global BatchNormalization statistics per step."""
+    forward = backward = 0.0
+    count = 0
+    for layer in profile.get("batch_norm", []):
+        forward_values, backward_values = allreduce_values(layer["channels"], devices)
+        forward += sum(allreduce_time(4 * values, devices, cluster, algorithm) for values in forward_values)
+        backward += sum(allreduce_time(4 * values, devices, cluster, algorithm) for values in backward_values)
+        count += len(forward_values) + len(backward_values)
+    return forward, backward, count
+
+
 def predict_step(profile: dict, cluster: ClusterProfile, micro_batch: int, devices: int,
                  algorithm: str | None = None, exchange_gradients: bool = True,
-                 real_data: bool = False) -> StepPrediction:
-    """The step time; exchange_gradients=False for the keras baseline, whose ranks share nothing."""
+                 real_data: bool = False, global_batch_norm: bool = True) -> StepPrediction:
+    """The step time; exchange_gradients=False for the keras baseline, whose ranks share nothing;
+    global_batch_norm=False for batch_norm="local"."""
     algorithm = algorithm or cluster.algorithm
     rank = rank_compute(profile, cluster, micro_batch, devices, real_data)
     factor = straggler_factor(straggler_cv(profile, cluster), devices)
@@ -98,8 +119,13 @@ def predict_step(profile: dict, cluster: ClusterProfile, micro_batch: int, devic
         forward += rank.input_s
     else:
         forward += max(0.0, rank.input_s - (forward + backward + update))
-    buckets = lay_out_buckets(profile["gradients"], cluster.fusion_threshold_bytes)
     exchanging = exchange_gradients and devices > 1
+    statistics_forward = statistics_backward = 0.0
+    statistics = 0
+    if exchanging and global_batch_norm:
+        statistics_forward, statistics_backward, statistics = statistics_cost(profile, cluster, devices, algorithm)
+        forward, backward = forward + statistics_forward, backward + statistics_backward
+    buckets = lay_out_buckets(profile["gradients"], cluster.fusion_threshold_bytes)
     copies = exchanging and cluster.host_copies
     out = end = back = 0.0
     communication = copied = 0.0
@@ -112,10 +138,10 @@ def predict_step(profile: dict, cluster: ClusterProfile, micro_batch: int, devic
         back = max(end, back) + copy
         communication += cost
         copied += 2 * copy
-    compute = forward + backward + update
+    compute = forward + backward + update - statistics_forward - statistics_backward  # statistics: communication
     step = max(forward + backward, back) + update
     largest = max((b.nbytes for b in buckets), default=0)
     chosen = (choose_algorithm(largest, devices, cluster) if algorithm == "auto" else algorithm) \
         if exchanging else "none"
     return StepPrediction(step, compute, communication, copied, step - compute, factor, rank.input_s,
-                          len(buckets), chosen, rank.source)
+                          len(buckets), chosen, rank.source, statistics_forward + statistics_backward, statistics)

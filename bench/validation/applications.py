@@ -24,13 +24,14 @@ APPLICATIONS = {"resnet101": ("ResNet101", 224), "inception_v3": ("InceptionV3",
 def build_profile(name: str) -> dict:
     import keras
     import numpy as np
-    from bench.simulate.model_profile import gradient_timeline
+    from bench.simulate.model_profile import batch_norm_layers, gradient_timeline
     constructor, side = APPLICATIONS[name]
     model = getattr(keras.applications, constructor)(weights=None, input_shape=(side, side, 3), classes=1000)
     example = np.zeros((1, side, side, 3), dtype="float32")
     gradients = gradient_timeline(model, example)
     return {"model": name, "micro_batch": 1, "step_s": 1.0, "forward_s": 1.0 / 3.0, "backward_s": 2.0 / 3.0,
             "update_s": 0.0, "fixed_s": 0.0, "per_example_s": 1.0, "gradients": gradients,
+            "batch_norm": batch_norm_layers(model),
             "parameters": int(model.count_params()),
             "source": f"keras.applications.{constructor}(weights=None), {side}x{side}, keras {keras.__version__}; "
                       f"forward:backward = 1:2 (flops), update 0"}

@@ -37,8 +37,9 @@ def predict_published(published: dict, cluster=None) -> list[dict]:
     points = []
     for point in published["point"]:
         profile = load_application_profile(point["model"])
-        one = predict_step(profile, cluster, micro, 1)
-        many = predict_step(profile, cluster, micro, int(point["devices"]))
+        # the published runs (Horovod) normalise with each rank's own statistics
+        one = predict_step(profile, cluster, micro, 1, global_batch_norm=False)
+        many = predict_step(profile, cluster, micro, int(point["devices"]), global_batch_norm=False)
         efficiency = one.step_s / many.step_s
         points.append({"model": point["model"], "devices": point["devices"],
                        "published_efficiency": point["efficiency"], "predicted_efficiency": efficiency,

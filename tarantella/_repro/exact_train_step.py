@@ -19,7 +19,7 @@ import tensorflow as tf
 from tarantella import runtime
 from tarantella._repro import exact_batch_norm, exact_reduction
 from tarantella.data import distributed_dataset
-from tarantella.keras import batch_position, tf_steps
+from tarantella.keras import batch_position, serial_random, tf_steps
 
 __all__ = ["VIRTUAL_BATCHES_VARIABLE", "virtual_batches_from_environment", "prepare", "train_step"]
 
@@ -78,16 +78,11 @@ def train_step(model, data, virtual_batches: int):
     piece = local_size // per_rank
     variables = model.trainable_variables
     per_batch_gradients, results = [], None
-    # Serial Keras calls the model once per step, so every random layer draws once, from one state of its
-    # SeedGenerator; here every piece calls it. Each piece starts from the step's states, and the last
-    # piece's draws leave them advanced once, as serial's.
-    seed_states = [v for v in model.variables if v.name == "seed_generator_state"]
-    step_states = [tf.identity(v) for v in seed_states]
+    seeds = serial_random.StepSeedStates(model)
     statistics = exact_batch_norm.PieceStatistics(model)
     statistics.snapshot()
     for index in range(per_rank):
-        for variable, state in zip(seed_states, step_states):
-            variable.assign(state)
+        seeds.restore()
         def part(tensor, index=index):
             return None if tensor is None else tensor[index * piece:(index + 1) * piece]
         x_i, y_i, w_i = (tf.nest.map_structure(part, value) if value is not None else None

@@ -176,8 +176,10 @@ def make_recorder(directory: str, reference: str | None = None, store_weights: b
 
 
 def _batch_norm_layers(model) -> int:
-    """BatchNormalization layers in `model` (nested models and tnt.Model's wrapped model included)."""
+    """BatchNormalization layers in `model` (nested models and tnt.Model's wrapped model included; a pipelined
+    model's whole model, not only this rank's stage)."""
     import keras
+    model = getattr(model, "whole_model", model)
     return sum(isinstance(layer, keras.layers.BatchNormalization) for layer in model._flatten_layers())
 
 

@@ -19,10 +19,19 @@ import tensorflow as tf
 from tarantella import runtime
 from tarantella.data import distributed_dataset
 
-__all__ = ["BatchPosition", "current", "tracing_step", "of_step", "LOCAL_BATCH_NORM", "GLOBAL_BATCH_NORM"]
+__all__ = ["BatchPosition", "current", "tracing_step", "of_step", "of_rows", "check_batch_norm",
+           "LOCAL_BATCH_NORM", "GLOBAL_BATCH_NORM"]
 
 GLOBAL_BATCH_NORM = "global"  # BatchNormalization over the global batch (the default; serial semantics)
 LOCAL_BATCH_NORM = "local"    # each rank's micro-batch statistics (the documented opt-out)
+
+
+def check_batch_norm(batch_norm: str) -> str:
+    """A model's batch_norm choice, or a one-line error naming the choices."""
+    if batch_norm not in (GLOBAL_BATCH_NORM, LOCAL_BATCH_NORM):
+        raise ValueError(f"tarantella: batch_norm={batch_norm!r} is not a choice; use \"global\" (the global "
+                         f"batch's statistics, as serial Keras) or \"local\" (each rank's micro-batch's)")
+    return batch_norm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,3 +88,13 @@ def of_step(model, batch, global_size, samples) -> BatchPosition | None:
                          global_size=global_size, static_rows=static_rows, world_size=model.world_size,
                          batch_norm=model.batch_norm, statistics_allreduce=model.statistics_allreduce,
                          rank=runtime.get_rank())
+
+
+def of_rows(start: int, rows: int, global_size: int, *, world_size: int, rank: int, batch_norm: str,
+            statistics_allreduce) -> BatchPosition:
+    """The position of rows [start, start + rows) of a global batch of `global_size`, all known when tracing
+    (a pipeline's micro-batch: tarantella/pipeline/compiled_step.py)."""
+    constant = lambda value: tf.constant(value, tf.int64)  # noqa: E731
+    return BatchPosition(start=constant(start), rows=constant(rows), samples=constant(rows),
+                         global_size=constant(global_size), static_rows=rows, world_size=world_size,
+                         batch_norm=batch_norm, statistics_allreduce=statistics_allreduce, rank=rank)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tarantella import runtime, tf_ops
+from tarantella.timeline import graph_marks
 
 __all__ = ["BlockingAllreduce"]
 
@@ -25,8 +26,11 @@ class BlockingAllreduce:
         self.id = _engine.add_graph_allreducer(runtime.world_group() if group is None else group._handle)
 
     def __call__(self, tensor: tf.Tensor) -> tf.Tensor:
-        """The element-wise sum of `tensor` over the ranks; its gradient is the sum of the gradients."""
-        return self._ops.tnt_allreduce_sum(tensor, allreducer=self.id)
+        """The element-wise sum of `tensor` over the ranks; its gradient is the sum of the gradients. On the
+        timeline: a `statistics_allreduce` span from the input existing to the sum existing."""
+        tensor = graph_marks.mark(tensor, graph_marks.STATISTICS_SENT)
+        return graph_marks.mark(self._ops.tnt_allreduce_sum(tensor, allreducer=self.id),
+                                graph_marks.STATISTICS_SUMMED)
 
 
 @tf.RegisterGradient("TntAllreduceSum")

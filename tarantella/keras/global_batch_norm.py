@@ -38,6 +38,11 @@ blocking ones, in one order on every rank (blocking_allreduce.py).
 The moving statistics are then updated by Keras itself from the global
 moments: equal on every rank, and equal to serial's.
 
+In a pipeline the statistics are those of each micro-batch over the stage's
+replicas (Note [A pipeline's micro-batches and the layers that look at the
+batch] in tarantella/pipeline/compiled_step.py); in exact mode those of each
+virtual micro-batch (Note [BatchNormalization in exact mode]).
+
 `tnt.Model(model, batch_norm="local")` keeps each rank's micro-batch statistics
 (Horovod's and the original Tarantella's behaviour); a layer with
 `synchronized=True` uses the global batch in either mode. With a mask (Keras's
@@ -56,6 +61,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tarantella import batch_norm_allreduces
 from tarantella.keras import batch_position
 
 __all__ = ["install", "global_moments"]
@@ -107,7 +113,7 @@ def global_moments(inputs: tf.Tensor, mask, axes: list[int], position: batch_pos
 
     channels = _static_channels(inputs, axes)
     gathered = (weights is None and channels is not None
-                and position.world_size * (2 * channels + 1) <= _GATHERED_VALUES_LIMIT)
+                and batch_norm_allreduces.gathered(position.world_size, channels))
 
     @tf.custom_gradient
     def moments(x):
@@ -138,11 +144,6 @@ def global_moments(inputs: tf.Tensor, mask, axes: list[int], position: batch_pos
         return (mean, variance), gradient
 
     return moments(inputs)
-
-
-# Every rank's (count, sum, squared deviations) of C channels in one allreduce of N x (2C + 1) values: one
-# round trip instead of two while that stays small (16 Ki values, 64 KiB in float32).
-_GATHERED_VALUES_LIMIT = 16 * 1024
 
 
 def _static_channels(inputs: tf.Tensor, axes: list[int]) -> int | None:

@@ -94,9 +94,7 @@ class Model(keras.Model):
         if parallel_strategy != ParallelStrategy.DATA:
             raise ValueError(f"tarantella: unknown parallel_strategy {parallel_strategy!r}; use "
                              f"tnt.ParallelStrategy.DATA, PIPELINING or ALL")
-        if batch_norm not in (batch_position.GLOBAL_BATCH_NORM, batch_position.LOCAL_BATCH_NORM):
-            raise ValueError(f"tarantella: batch_norm={batch_norm!r} is not a choice; use \"global\" (the global "
-                             f"batch's statistics, as serial Keras) or \"local\" (each rank's micro-batch's)")
+        batch_position.check_batch_norm(batch_norm)
         super().__init__(name=name or model.name)
         serial_random.install()
         global_batch_norm.install()

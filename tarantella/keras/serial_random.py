@@ -37,6 +37,10 @@ The rule, and its limits:
   (tf.random.stateless_categorical, _gamma, _binomial, _poisson, _parameterized_truncated_normal).
 - The counter layout is Philox's (TensorFlow's choice on CPU and GPU); on a
   device that picks ThreeFry (TPU) draws are left alone with a warning.
+- A step that calls the model once per piece of its batch (exact mode's
+  virtual micro-batches, a pipeline's micro-batches) gives every call the
+  step's seed states and the piece's position (StepSeedStates): serial's values
+  for every piece's samples.
 """
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ from tensorflow.python.ops import gen_stateless_random_ops_v2 as _generated
 from tarantella import runtime
 from tarantella.keras import batch_position
 
-__all__ = ["install", "warn_unrecognised", "rows_reversed", "unmatched"]
+__all__ = ["install", "warn_unrecognised", "rows_reversed", "unmatched", "StepSeedStates"]
 
 logger = logging.getLogger("tarantella")
 _reversal = threading.local()  # rows_reversed's rows while active
@@ -134,6 +138,22 @@ def _serial_rows(original, kind: str, default_dtype):
         return tf.reshape(flat[skip:], shape)
     draw.tarantella_serial_rows = True
     return draw
+
+
+class StepSeedStates:
+    """Traced, for a step that calls the model once per piece of its batch (exact mode's virtual micro-batches,
+    a pipeline stage's micro-batches). Serial Keras calls the model once per step, so every random layer draws
+    once, from one state of its SeedGenerator; `restore()` before each piece's call gives every piece that
+    state (it then draws, at its samples' positions, serial's values), and the last piece's draws leave the
+    states advanced once, as serial's."""
+
+    def __init__(self, model):
+        self._variables = [v for v in model.variables if v.name == "seed_generator_state"]
+        self._states = [tf.identity(v) for v in self._variables]  # the step's states
+
+    def restore(self) -> None:
+        for variable, state in zip(self._variables, self._states):
+            variable.assign(state)
 
 
 @contextlib.contextmanager

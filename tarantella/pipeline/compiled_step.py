@@ -32,6 +32,23 @@ csrc/tf/p2p_ops.cc) so that tf.function does not chain them in creation order.
 Each pass is bracketed by clock reads: the per-pass compute times of the last
 step (`StepTrace`), from which the benchmark measures the bubble.
 
+Note [A pipeline's micro-batches and the layers that look at the batch]
+Each forward pass runs the stage's layers on one micro-batch, inside the
+position of its samples in the global batch (tarantella/keras/batch_position.py):
+- random layers draw, for each sample, the values serial Keras draws for it
+  (Note [Random values by sample, not by rank]): every micro-batch's call starts
+  from the step's SeedGenerator states (serial_random.StepSeedStates), and the
+  step leaves them advanced once, as serial's;
+- BatchNormalization normalises each micro-batch with the statistics of that
+  micro-batch, as GPipe does (the layers after it cannot wait for the other
+  micro-batches without serialising the pipeline), taken over the same
+  micro-batch of every data-parallel replica of the stage (one allreduce in
+  the stage's group, Note [BatchNormalization over the global batch]; with
+  batch_norm="local" the replica's own); its moving statistics take one step
+  per micro-batch. So a pipelined model with BatchNormalization trains with
+  statistics of B/M samples where serial uses B: a difference of semantics,
+  documented, which tnt-repro names as the cause when it makes a run differ.
+
 Note [Pass times under op determinism]
 TensorFlow refuses tf.timestamp once `enable_op_determinism` is on (what
 tnt.set_deterministic and tnt-repro set), and a step containing it fails. So the
@@ -55,6 +72,7 @@ import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
 from tarantella import tf_ops, timeline
+from tarantella.keras import batch_position, serial_random
 from tarantella.pipeline.partition import Partition
 from tarantella.pipeline.schedules import BACKWARD, FORWARD, WEIGHT, Pass
 from tarantella.pipeline.topology import Placement
@@ -97,6 +115,8 @@ class MicroBatchData:
     targets: object = None     # last stage: y of this replica's part
     sample_weight: object = None
     sizes: tuple = ()          # samples per micro-batch (static)
+    first: int = 0             # the replica part's first sample in the global batch
+    global_size: int = 0
 
     def cut(self, tree, m: int):
         if tree is None:
@@ -129,6 +149,10 @@ class StageStep:
         self._ops = tf_ops.load_ops() if channels is not None else None
         self.trace = StepTrace()
         self.record_pass_times = False   # under op determinism: read the host clock per pass anyway
+        # Layers that look at the batch (Note [A pipeline's micro-batches and the layers that look at the
+        # batch]): the model's batch_norm choice and the sum over this stage's replicas (None: one replica).
+        self.batch_norm = batch_position.GLOBAL_BATCH_NORM
+        self.statistics_allreduce = None
 
     @property
     def defers_weight_gradients(self) -> bool:
@@ -184,6 +208,7 @@ class StageStep:
         variable got none), send tokens, pass times [passes, 2], the earlier stage's layer losses
         summed over the micro-batches weighted by their sizes (a float32 scalar; 0 on the last stage))."""
         self._penalties = []
+        self._seeds = serial_random.StepSeedStates(self.model)
         variables = self.model.trainable_variables
         gradients = [None] * len(variables)
         deferred = any(p.kind == WEIGHT for p in passes)
@@ -227,7 +252,24 @@ class StageStep:
                 penalty)
 
     def _pass_clock(self):
-        """Note [Pass times under op determinism]."""
+        """Note [A pipeline's micro-batches and the layers that look at the batch]
+Each forward pass runs the stage's layers on one micro-batch, inside the
+position of its samples in the global batch (tarantella/keras/batch_position.py):
+- random layers draw, for each sample, the values serial Keras draws for it
+  (Note [Random values by sample, not by rank]): every micro-batch's call starts
+  from the step's SeedGenerator states (serial_random.StepSeedStates), and the
+  step leaves them advanced once, as serial's;
+- BatchNormalization normalises each micro-batch with the statistics of that
+  micro-batch, as GPipe does (the layers after it cannot wait for the other
+  micro-batches without serialising the pipeline), taken over the same
+  micro-batch of every data-parallel replica of the stage (one allreduce in
+  the stage's group, Note [BatchNormalization over the global batch]; with
+  batch_norm="local" the replica's own); its moving statistics take one step
+  per micro-batch. So a pipelined model with BatchNormalization trains with
+  statistics of B/M samples where serial uses B: a difference of semantics,
+  documented, which tnt-repro names as the cause when it makes a run differ.
+
+Note [Pass times under op determinism]."""
         if not tf_config.is_op_determinism_enabled():
             return tf.timestamp
         if self.record_pass_times or timeline.enabled():
@@ -249,7 +291,9 @@ class StageStep:
             tape.__enter__()
             tape.watch([t for e, t in arrived.items() if self.partition.edges[e].differentiable])
         try:
-            with self._deferred.recording() if tape is not None and self._deferred else contextlib.nullcontext():
+            self._seeds.restore()
+            with self._deferred.recording() if tape is not None and self._deferred else contextlib.nullcontext(), \
+                    batch_position.tracing_step(self._position(m, data)):
                 outputs = [tf.convert_to_tensor(o) for o in keras.tree.flatten(self.model(inputs, training=training))]
             loss, y_pred, penalty = None, None, None
             if not self.placement.is_last_stage and self.model.losses:
@@ -269,6 +313,13 @@ class StageStep:
                 sends.append(self._send(output, self.partition.edges[e].target, self._tag(m, e, False)))
         done = outputs + [t for t in (loss, penalty) if t is not None]
         return (_Forward(tape, arrived, outputs, loss, penalty) if training else None), sends, y_pred, done
+
+    def _position(self, m: int, data: MicroBatchData) -> batch_position.BatchPosition:
+        """Where micro-batch m sits in the global batch (Note [A pipeline's micro-batches and the layers that
+        look at the batch])."""
+        return batch_position.of_rows(data.first + sum(data.sizes[:m]), data.sizes[m], data.global_size,
+                                      world_size=self.placement.num_replicas, rank=self.placement.replica,
+                                      batch_norm=self.batch_norm, statistics_allreduce=self.statistics_allreduce)
 
     def _backward(self, m, state: _Forward, arrived, began, variables, gradients):
         if self.placement.is_last_stage:

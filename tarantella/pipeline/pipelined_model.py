@@ -56,7 +56,9 @@ import tensorflow as tf
 
 from tarantella import collectives, runtime
 from tarantella.data import distributed_dataset, serial_order
+from tarantella.keras.blocking_allreduce import BlockingAllreduce
 from tarantella.keras.graph_allreduce import GraphAllreducer
+from tarantella.keras import batch_position, global_batch_norm, serial_random
 from tarantella.keras import callbacks as rank_callbacks
 from tarantella.keras.metric_reduction import graph_global_results, metric_variables, results_from_state
 from tarantella.pipeline import channels as peer_channels
@@ -100,8 +102,12 @@ class PipelinedModel(keras.Model):
 
     def __init__(self, model: keras.Model, *, num_micro_batches: int | None = None, schedule: str = "1f1b",
                  num_pipeline_stages: int | None = None, data_parallel: bool = False, balance_by: str = "time",
-                 defer_weight_gradients: bool | int | None = None, name: str | None = None):
+                 defer_weight_gradients: bool | int | None = None, name: str | None = None,
+                 batch_norm: str = batch_position.GLOBAL_BATCH_NORM):
         runtime.init()
+        batch_position.check_batch_norm(batch_norm)
+        serial_random.install()
+        global_batch_norm.install()
         graph = graph_of(model)
         size, rank = runtime.get_size(), runtime.get_rank()
         stage_of_op, num_stages = choose_stages(model, graph, num_pipeline_stages, size, data_parallel, balance_by)
@@ -133,6 +139,10 @@ class PipelinedModel(keras.Model):
         self._global_clipnorm = None
         self._channels = peer_channels.open_channels() if num_stages > 1 else None
         self.runner = StageStep(self.partition, placement, self._channels)
+        self.batch_norm = self.runner.batch_norm = batch_norm
+        if placement.num_replicas > 1:  # BatchNormalization over the stage's replicas (compiled_step.py)
+            self.runner.statistics_allreduce = self._statistics_allreduce
+        self._statistics_allreducer = None
         self._gradient_allreducer = None
         self._step_functions = {}
         self._metric_allreducers = {}
@@ -408,11 +418,11 @@ class PipelinedModel(keras.Model):
         """Traced: this rank's whole step (Note [The schedule inside one graph] in compiled_step.py)."""
         training = mode == "train"
         first, count = pipeline_data.replica_part(global_size, self.placement.num_replicas, self.placement.replica)
-        first = 0 if is_part else first  # the input is already this replica's part
+        offset = 0 if is_part else first  # the input is already this replica's part
         part = lambda tree: None if tree is None else keras.tree.map_structure(  # noqa: E731
-            lambda t: t[first:first + count], tree)
+            lambda t: t[offset:offset + count], tree)
         sizes = tuple(b - a for a, b in pipeline_data.micro_batch_bounds(count, self.num_micro_batches))
-        data = MicroBatchData(part(inputs), part(targets), part(weights), sizes)
+        data = MicroBatchData(part(inputs), part(targets), part(weights), sizes, first=first, global_size=global_size)
 
         def scale_penalty(m, value):
             return self.optimizer.scale_loss(value * tf.cast(sizes[m] / global_size, value.dtype))
@@ -533,6 +543,13 @@ class PipelinedModel(keras.Model):
             poison = tf.where(tf.math.is_finite(total_squares), 0.0, float("nan"))
             gradients = [g + tf.cast(poison, g.dtype) for g in gradients]
         return gradients
+
+    def _statistics_allreduce(self, tensor):
+        """The sum over this stage's replicas of a small tensor a layer needs at once (BatchNormalization's
+        statistics); the allreducer is made collectively in the stage's group when first traced."""
+        if self._statistics_allreducer is None:
+            self._statistics_allreducer = BlockingAllreduce(group=self._stage_group)
+        return self._statistics_allreducer(tensor)
 
     def _sum_over_replicas(self, gradients):
         """Traced: the sum over the stage's replicas, through the fused reducer's graph ops."""

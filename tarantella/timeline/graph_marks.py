@@ -12,13 +12,16 @@ import numpy as np
 
 from tarantella.timeline import session
 
-__all__ = ["mark", "mark_each", "mark_after_updates", "drain", "LOSS", "GRADIENT", "REDUCED", "UPDATED"]
+__all__ = ["mark", "mark_each", "mark_after_updates", "drain", "LOSS", "GRADIENT", "REDUCED", "UPDATED",
+           "STATISTICS_SENT", "STATISTICS_SUMMED"]
 
 LOSS = "loss"            # the scaled loss exists: backprop begins
 GRADIENT = "gradient"    # a gradient was produced
 REDUCED = "reduced"      # a reduced gradient was delivered to the optimizer
 UPDATED = "updated"      # a variable's optimizer update was written
-_EVENTS = (LOSS, GRADIENT, REDUCED, UPDATED)
+STATISTICS_SENT = "statistics_sent"      # a blocking statistics allreduce's input exists
+STATISTICS_SUMMED = "statistics_summed"  # its sum exists
+_EVENTS = (LOSS, GRADIENT, REDUCED, UPDATED, STATISTICS_SENT, STATISTICS_SUMMED)
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,6 +16,11 @@ Each rank is one process of the trace ("rank R"); its tracks (threads):
              while it is reduced.
   metrics    the metric-state reduction: span `metric_allreduce` per bucket
              (args: step, bucket, bytes).
+  statistics the blocking allreduces of BatchNormalization's global statistics
+             (Note [BatchNormalization over the global batch]): span
+             `statistics_allreduce` per allreduce, from its input existing to its
+             sum existing, so it includes the wait for the other ranks (args:
+             step, index: its place in the step, forward ones first).
   pipeline   pipeline passes and transfers (tarantella.timeline.span callers).
   python     any other tarantella.timeline.span(name, ...) of the program.
 A program computes the overlap from these names alone
@@ -24,9 +29,9 @@ A program computes the overlap from these names alone
 from __future__ import annotations
 
 __all__ = ["TRACKS", "DOCUMENTED", "track_id", "STEP", "BACKWARD", "OPTIMIZER", "ALLREDUCE", "BUCKET_READY",
-           "METRIC_ALLREDUCE"]
+           "METRIC_ALLREDUCE", "STATISTICS_ALLREDUCE"]
 
-TRACKS = ("step", "reducer", "metrics", "pipeline", "python")
+TRACKS = ("step", "reducer", "metrics", "pipeline", "python", "statistics")
 
 STEP = "train_step"
 BACKWARD = "backward"
@@ -34,6 +39,7 @@ OPTIMIZER = "optimizer_update"
 ALLREDUCE = "allreduce"
 BUCKET_READY = "bucket_ready"
 METRIC_ALLREDUCE = "metric_allreduce"
+STATISTICS_ALLREDUCE = "statistics_allreduce"
 
 DOCUMENTED = {
     STEP: "step track: one fit step (args: step)",
@@ -43,6 +49,8 @@ DOCUMENTED = {
     ALLREDUCE: "reducer track: a gradient bucket's allreduce (args: step, bucket, bytes; metrics_only if it "
                "holds only metric state)",
     METRIC_ALLREDUCE: "metrics track: a metric-state bucket's allreduce (args: step, bucket, bytes)",
+    STATISTICS_ALLREDUCE: "statistics track: a blocking allreduce of BatchNormalization's statistics, input to "
+                          "sum (args: step, index)",
 }
 
 

@@ -34,6 +34,12 @@ def record_step(step: int, begin: float, end: float, marks, allreducers) -> None
     reduced, updated = by_event.get(graph_marks.REDUCED, []), by_event.get(graph_marks.UPDATED, [])
     if reduced and updated:
         recorder.complete(names.OPTIMIZER, "step", min(reduced), max(updated), step=step)
+    # The blocking statistics allreduces run one at a time in one order (blocking_allreduce.py): the k-th
+    # input and the k-th sum of the step belong together.
+    sent = sorted(by_event.get(graph_marks.STATISTICS_SENT, []))
+    summed = sorted(by_event.get(graph_marks.STATISTICS_SUMMED, []))
+    for index, (start, finish) in enumerate(zip(sent, summed)):
+        recorder.complete(names.STATISTICS_ALLREDUCE, "statistics", start, finish, step=step, index=index)
     # Buckets of a gradient reducer that carry only metric state (Note [Metric state rides with the gradients]):
     # their `allreduce` spans say so (metrics_only), and the overlap of the gradients leaves them out.
     metric_only = {id(view.gradient_allreducer): view.metric_only_buckets for _, view in allreducers

@@ -66,6 +66,23 @@ def test_host_copies_and_exposed_communication_after_the_last_bucket():
     assert no_copies.step_s == pytest.approx(0.1 + allreduce) and no_copies.copy_s == 0.0
 
 
+def test_global_batch_norm_statistics_stop_compute_for_each_allreduce():
+    # Two layers at 4 devices: C = 64 gathers 4 x 129 values forward; C = 4096 exceeds 16 Ki values, so two
+    # passes (4097 and 4096 values); each takes one backward allreduce of 2C values. All blocking.
+    profile = _one_bucket_profile(batch_norm=[{"layer": "bn", "channels": 64}, {"layer": "bn_1", "channels": 4096}])
+    cluster = _gpu()
+    cost = lambda values: allreduce_time(4 * values, 4, cluster, "ring")  # noqa: E731
+    statistics = cost(4 * 129) + cost(4097) + cost(4096) + cost(128) + cost(8192)
+    step = predict_step(profile, cluster, 8, 4, algorithm="ring")
+    plain = predict_step(profile, cluster, 8, 4, algorithm="ring", global_batch_norm=False)
+    assert step.statistics_allreduces == 5 and step.statistics_s == pytest.approx(statistics)
+    assert step.step_s == pytest.approx(plain.step_s + statistics)
+    assert step.compute_s == pytest.approx(plain.compute_s)  # communication, not compute
+    assert plain.statistics_s == 0.0 and plain.statistics_allreduces == 0
+    one = predict_step(profile, cluster, 8, 1, algorithm="ring")
+    assert one.statistics_allreduces == 0  # one device: Keras's own statistics
+
+
 def test_buckets_ready_early_are_hidden_behind_backprop():
     early = predict_step(_one_bucket_profile(ready=0.1), _gpu(), 8, 4, algorithm="ring")
     late = predict_step(_one_bucket_profile(ready=1.0), _gpu(), 8, 4, algorithm="ring")

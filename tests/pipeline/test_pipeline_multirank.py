@@ -58,3 +58,16 @@ def test_ranks_hold_only_their_stage_and_keep_the_whole_models_semantics(tmp_pat
                                 "a LossScaleOptimizer takes one decision for all stages",
                                 "save gathers the whole model and optimizer; load_model resumes training",
                                 "micro-batches must divide the batch", "done"])
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("ranks", [2, 4], ids=["2-stages", "2-stages-x-2-replicas"])
+def test_layers_that_look_at_the_batch_follow_serial_per_micro_batch(ranks):
+    """Issue 19 §1-2: each micro-batch draws serial's random values; BatchNormalization shares each
+    micro-batch's statistics over the stage's replicas (serial's at one micro-batch)."""
+    result = run_ranks(ranks, os.path.join(PROGRAMS, "check_batch_layers.py"), timeout=220, env=ENV).check()
+    check_all_ranks(result, ranks, ["1f1b: random layers draw serial's values per micro-batch",
+                                    "gpipe: random layers draw serial's values per micro-batch",
+                                    "one micro-batch: BatchNormalization over the replicas is serial's",
+                                    "four micro-batches: the replicas share each micro-batch's statistics", "done"])

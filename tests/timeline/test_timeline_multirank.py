@@ -28,7 +28,7 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
     events = trace["traceEvents"]
     assert {e["pid"] for e in events} == {0, 1}
     thread_names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
-    assert {(r, t) for r in (0, 1) for t in ("step", "reducer", "metrics")} <= thread_names
+    assert {(r, t) for r in (0, 1) for t in ("step", "reducer", "metrics", "statistics")} <= thread_names
     for rank in (0, 1):
         mine = [e for e in trace_file.spans(trace) if e["pid"] == rank]
         for name in (names.STEP, names.BACKWARD, names.OPTIMIZER):
@@ -47,6 +47,10 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
                                                        if e["args"]["bucket"] in gradient_buckets)
             assert min(e["ts"] for e in allreduces if e["args"]["bucket"] in gradient_buckets) >= backward["ts"]
             assert any(e["name"] == names.METRIC_ALLREDUCE and e["args"]["step"] == step for e in mine)
+            statistics = [e for e in mine if e["name"] == names.STATISTICS_ALLREDUCE and e["args"]["step"] == step]
+            assert len(statistics) == 2 and all(inside(e) for e in statistics), statistics  # forward, backward
+            assert sorted(e["args"]["index"] for e in statistics) == [0, 1]
+            assert statistics[0]["ts"] + statistics[0]["dur"] <= backward["ts"] + backward["dur"]
     rows = overlap_from_trace(str(target))
     assert {(row["rank"], row["step"]) for row in rows} == {(r, s) for r in (0, 1) for s in range(STEPS)}
     if mode == "no_overlap":  # no allreduce starts before the last gradient exists

@@ -1,4 +1,4 @@
-"""Trains a small dense model for a few steps with the timeline on (launched with --timeline).
+"""Trains a small dense model (with one BatchNormalization layer) for a few steps with the timeline on (launched with --timeline).
 argv[1]: "overlap" or "no_overlap". A rank prints its reducer's bucket sizes, and which buckets hold gradients, for the test."""
 import json
 import sys
@@ -12,7 +12,10 @@ import keras  # noqa: E402
 
 keras.utils.set_random_seed(7)
 inputs = keras.Input((32,))
-hidden = keras.layers.Dense(256, activation="relu")(inputs)
+hidden = keras.layers.Dense(256)(inputs)
+# global statistics: one gathered allreduce forward, one for their gradient (Note [BatchNormalization over the
+# global batch]), each a statistics_allreduce span
+hidden = keras.layers.ReLU()(keras.layers.BatchNormalization()(hidden))
 hidden = keras.layers.Dense(256, activation="relu")(hidden)
 outputs = keras.layers.Dense(4)(hidden)
 model = tnt.Model(keras.Model(inputs, outputs), overlap_communication=(sys.argv[1] == "overlap"))
