@@ -8,6 +8,7 @@ Per model, with one compute thread per rank and the same micro-batch per rank (w
   tnt 1 and 2 ranks         tnt.Model, allreduce overlapped with backprop
   tnt_no_overlap 2 ranks    allreduce started only after the whole backprop
   tnt_local_bn 2 ranks      batch_norm="local": what BatchNormalization over the global batch costs
+  tnt_rank_draws 2 ranks    random layers drawing per rank (before serial semantics): what serial draws cost
   mwms 1 and 2 ranks        tf.distribute.MultiWorkerMirroredStrategy, which needs Keras 2
                             (tf-keras): it does not run Keras 3 models. Install it with
                             `pip install --no-deps "tf-keras==2.21.*"` (its dependencies would
@@ -42,8 +43,8 @@ from bench.machine import describe_machine, describe_source
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = os.path.join(REPO_ROOT, "bench", "programs", "data_parallel_modes.py")
-CONFIGS = (("keras", 1), ("tnt", 1), ("tnt", 2), ("tnt_no_overlap", 2), ("tnt_local_bn", 2), ("mwms", 1),
-           ("mwms", 2))
+CONFIGS = (("keras", 1), ("tnt", 1), ("tnt", 2), ("tnt_no_overlap", 2), ("tnt_local_bn", 2), ("tnt_rank_draws", 2),
+           ("mwms", 1), ("mwms", 2))
 TAG = "TNT_BENCH_RESULT "
 
 

@@ -195,5 +195,5 @@ def _compare(options, plan, recorded, found, refused) -> tolerance_module.Tolera
     if repeat_spec.name in recorded and original_name in recorded:
         found.append(verdicts.run_to_run(recorded[original_name], recorded[repeat_spec.name], repeat_spec.devices))
     if "as written 1" in recorded and "as written 2" in recorded:
-        found.append(verdicts.as_written(recorded["as written 1"], recorded["as written 2"]))
+        found.append(verdicts.as_written(recorded["as written 1"], recorded["as written 2"], tolerance))
     return tolerance

@@ -7,6 +7,8 @@ Modes:
   tnt_no_overlap  tnt.Model, allreduce started only once the whole backprop is done
   tnt_local_bn    tnt.Model with batch_norm="local": each rank's own BatchNormalization statistics
                   (what global statistics cost is tnt against this)
+  tnt_rank_draws  tnt.Model with random layers drawing per rank, as before serial semantics (every rank
+                  draws serial's first rows): what serial-equal draws cost is tnt against this
   mwms            tf.distribute.MultiWorkerMirroredStrategy; it does not support Keras 3,
                   so this mode runs the same model under Keras 2 (the tf-keras package)
 """
@@ -18,7 +20,7 @@ import os
 import sys
 import time
 
-MODES = ("keras", "tnt", "tnt_no_overlap", "tnt_local_bn", "mwms")
+MODES = ("keras", "tnt", "tnt_no_overlap", "tnt_local_bn", "tnt_rank_draws", "mwms")
 
 
 def _parse(argv):
@@ -98,6 +100,9 @@ def main(argv=None) -> int:
             import tarantella as tnt
             model = tnt.Model(model, overlap_communication=(args.mode != "tnt_no_overlap"),
                               batch_norm="local" if args.mode == "tnt_local_bn" else "global")
+            if args.mode == "tnt_rank_draws":
+                from tarantella.keras import serial_random
+                serial_random.uninstall()
         model.compile(optimizer=keras.optimizers.SGD(learning_rate=1e-3, momentum=0.9),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     dataset = tf.data.Dataset.from_tensors((inputs, labels)).repeat()

@@ -55,7 +55,7 @@ from tensorflow.python.ops import gen_stateless_random_ops_v2 as _generated
 from tarantella import runtime
 from tarantella.keras import batch_position
 
-__all__ = ["install", "warn_unrecognised", "rows_reversed", "unmatched", "StepSeedStates"]
+__all__ = ["install", "uninstall", "warn_unrecognised", "rows_reversed", "unmatched", "StepSeedStates"]
 
 logger = logging.getLogger("tarantella")
 _reversal = threading.local()  # rows_reversed's rows while active
@@ -177,6 +177,15 @@ def install() -> None:
         original = getattr(_generated, name)
         if not getattr(original, "tarantella_serial_rows", False):
             setattr(_generated, name, _serial_rows(original, kind, default_dtype))
+
+
+def uninstall() -> None:
+    """TensorFlow's own functions back: every rank draws serial's first rows again (the per-rank draws
+    before serial semantics; the benchmark measures what serial draws cost against them)."""
+    for name in _RECOGNISED:
+        wrapper = getattr(_generated, name)
+        if getattr(wrapper, "tarantella_serial_rows", False):
+            setattr(_generated, name, wrapper.__wrapped__)
 
 
 def warn_unrecognised(graph) -> None:

@@ -84,3 +84,17 @@ def test_rows_reversed_gives_a_reversed_batch_its_samples_values():
         not_the_batch = tf.random.stateless_uniform([5, 3], SEED).numpy()
     np.testing.assert_array_equal(reversed_rows, plain[::-1])
     np.testing.assert_array_equal(not_the_batch, other)
+
+
+def test_uninstall_gives_back_the_per_rank_draws_and_install_restores_serials():
+    """The benchmark's tnt_rank_draws mode measures against the draws of before: serial's first rows."""
+    draw = DRAWS["uniform float32"]
+    serial = draw([6, 3]).numpy()
+    try:
+        serial_random.uninstall()
+        with batch_position.tracing_step(position(4, 2, 6)):
+            np.testing.assert_array_equal(draw([2, 3]).numpy(), serial[:2])
+    finally:
+        serial_random.install()
+    with batch_position.tracing_step(position(4, 2, 6)):
+        np.testing.assert_array_equal(draw([2, 3]).numpy(), serial[4:])

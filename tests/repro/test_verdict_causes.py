@@ -36,3 +36,22 @@ def test_pipelined_model_without_batch_norm_is_not_blamed_on_it():
 def test_unmatched_random_ops_come_first():
     text = cause(record(strategy=PIPELINING, batch_norm_layers=2, unmatched_random_ops=("noise (RandomUniform)",)))
     assert "noise (RandomUniform)" in text
+
+
+def test_as_written_runs_apart_at_the_rounding_level_are_not_blamed_on_seeds(monkeypatch):
+    """ResNet-50 as written (issue 19): two serial runs, identical initial weights, 1e-7 apart from step 2,
+    were called SEED_DEPENDENT with 'a seed it does not set'; within the reassociation tolerance they are
+    NONDETERMINISTIC, and a large difference stays SEED_DEPENDENT."""
+    import numpy as np
+    from repro import tolerance as tolerance_module
+
+    tolerance = tolerance_module.Tolerance(weights=np.full(4, 1e-5), losses=np.full(4, 1e-5),
+                                           calibration_envelope=np.zeros(4), order_sensitive=False, how="test")
+    first, second = record(steps=[{}] * 4), record(steps=[{}] * 4)
+    for gap, expected in ((2e-7, "NONDETERMINISTIC"), (3e-2, "SEED_DEPENDENT")):
+        pair = {"check": "as written", "verdict": "SEED_DEPENDENT", "max_weight_difference": gap,
+                "first_divergence": {"step": 2, "difference": gap}, "cause": "a seed it does not set"}
+        monkeypatch.setattr(verdicts, "_as_written_pair", lambda a, b, pair=pair: dict(pair))
+        verdict = verdicts.as_written(first, second, tolerance)
+        assert verdict["verdict"] == expected, verdict
+        assert ("rounding level" in verdict["cause"]) == (expected == "NONDETERMINISTIC")
