@@ -135,8 +135,7 @@ def make_recorder(directory: str, reference: str | None = None, store_weights: b
         def _record(self, step, loss, step_loss, seconds):
             reference = self.reference.at(step) if self.reference is not None else None
             values, described = {}, []
-            for index, variable in enumerate(self.model.weights):
-                value = np.asarray(variable.numpy())
+            for index, (variable, value) in enumerate(_whole_model_weights(self.model)):
                 key = f"{index:03d}:{variable.path}"
                 entry = {"key": key, "trainable": bool(variable.trainable), "elements": int(value.size),
                          "chunks": weight_records.chunk_hashes(value)}
@@ -173,6 +172,15 @@ def make_recorder(directory: str, reference: str | None = None, store_weights: b
             os.replace(path + ".tmp", path)
 
     return Recorder()
+
+
+def _whole_model_weights(model) -> list:
+    """(variable, value) of every weight of the model being trained. A pipelined model holds only its
+    stage's: every rank gets the whole model's from their stages (a collective: the recorder runs on every
+    rank at the same points), under the unpartitioned model's variables, the serial run's keys."""
+    if hasattr(model, "sync_weights") and hasattr(model, "whole_model"):
+        return list(zip(model.whole_model.weights, model.sync_weights()))
+    return [(variable, np.asarray(variable.numpy())) for variable in model.weights]
 
 
 def _batch_norm_layers(model) -> int:

@@ -60,6 +60,24 @@ __all__ = ["Model"]
 logger = logging.getLogger("tarantella")
 
 
+_PIPELINING_ARGUMENTS = ("num_micro_batches", "schedule", "num_pipeline_stages", "balance_by",
+                         "defer_weight_gradients")
+
+
+def _log_one_rank_pipeline(arguments: dict) -> None:
+    """Note [A pipelined model on one rank]
+    A pipelining script started on one rank (a serial run, tnt-repro's serial reference, a laptop) has no
+    ranks to put stages on: tnt.Model trains the whole model as serial Keras does (the data-parallel model
+    on one rank), ignoring the SplitLayers (identities) and the pipeline's arguments, and says so once.
+    What the pipeline would do differently is its BatchNormalization per micro-batch (Note [A pipeline's
+    micro-batches and the layers that look at the batch]); everything else is serial training."""
+    unknown = set(arguments) - set(_PIPELINING_ARGUMENTS)
+    if unknown:
+        raise TypeError(f"tarantella: tnt.Model got unexpected arguments {sorted(unknown)}")
+    logger.info("tarantella: 1 rank: pipelining needs a rank per stage; training the whole model serially "
+                "(ignoring %s)", ", ".join(f"{k}={v!r}" for k, v in arguments.items()) or "the SplitLayers")
+
+
 class Model(keras.Model):
     """Wraps `model` for synchronous data-parallel training; behaves like it otherwise.
 
@@ -79,6 +97,9 @@ class Model(keras.Model):
                 raise ValueError(f"tarantella: pipelining cuts the model into stages and runs its own schedule, so "
                                  f"{type(model).__name__}'s {', '.join(user_steps.overridden(model))} cannot be kept; "
                                  f"use ParallelStrategy.DATA for a model with its own training logic")
+            if runtime.get_size() == 1:  # Note [A pipelined model on one rank]
+                _log_one_rank_pipeline(kwargs)
+                return super().__new__(cls)
             from tarantella.pipeline import make_pipelined_model
             return make_pipelined_model(model, data_parallel=parallel_strategy == ParallelStrategy.ALL,
                                         **kwargs)
@@ -86,12 +107,16 @@ class Model(keras.Model):
 
     def __init__(self, model: keras.Model, parallel_strategy=ParallelStrategy.DATA,
                  overlap_communication: bool = True, name: str | None = None,
-                 batch_norm: str = batch_position.GLOBAL_BATCH_NORM):
+                 batch_norm: str = batch_position.GLOBAL_BATCH_NORM, **pipelining):
         if isinstance(model, Model):
             raise TypeError("tarantella: this model is already a tnt.Model")
         if not isinstance(model, keras.Model):
             raise TypeError(f"tarantella: tnt.Model wraps a keras.Model, got {type(model).__name__}")
-        if parallel_strategy != ParallelStrategy.DATA:
+        if pipelining and parallel_strategy == ParallelStrategy.DATA:
+            raise TypeError(f"tarantella: tnt.Model got unexpected arguments {sorted(pipelining)} (they are "
+                            f"pipelining's: pass parallel_strategy=tnt.ParallelStrategy.PIPELINING or ALL)")
+        if parallel_strategy != ParallelStrategy.DATA and not (
+                runtime.get_size() == 1 and ParallelStrategy.PIPELINING in parallel_strategy):
             raise ValueError(f"tarantella: unknown parallel_strategy {parallel_strategy!r}; use "
                              f"tnt.ParallelStrategy.DATA, PIPELINING or ALL")
         batch_position.check_batch_norm(batch_norm)

@@ -55,6 +55,7 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella import collectives, runtime
+from tarantella._repro import exact_train_step
 from tarantella.data import distributed_dataset, serial_order
 from tarantella.keras.blocking_allreduce import BlockingAllreduce
 from tarantella.keras.graph_allreduce import GraphAllreducer
@@ -106,6 +107,11 @@ class PipelinedModel(keras.Model):
                  batch_norm: str = batch_position.GLOBAL_BATCH_NORM):
         runtime.init()
         batch_position.check_batch_norm(batch_norm)
+        if exact_train_step.virtual_batches_from_environment():
+            raise ValueError("tarantella: exact mode (TNT_EXACT_VIRTUAL_BATCHES, tnt-repro --mode exact) splits the "
+                             "data-parallel train step into virtual micro-batches; a pipeline sums its micro-batches' "
+                             "gradients in schedule order, which exact mode does not cover: check a pipelined script "
+                             "in tolerance mode")
         serial_random.install()
         global_batch_norm.install()
         graph = graph_of(model)

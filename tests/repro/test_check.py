@@ -19,6 +19,7 @@ PLANTED = os.path.join(HERE, "programs", "planted.py")
 HANGS = os.path.join(HERE, "programs", "hangs.py")
 PLAIN_KERAS = os.path.join(HERE, "programs", "plain_keras.py")
 RESIDUAL_CNN = os.path.join(HERE, "programs", "residual_cnn.py")
+PIPELINED = os.path.join(HERE, "programs", "pipelined.py")
 EXAMPLE_MLP = os.path.join(REPO, "examples", "mlp_numpy.py")
 EXAMPLE_CNN = os.path.join(REPO, "examples", "cnn_tf_data.py")
 SUBPROCESS_TIMEOUT = 280
@@ -258,3 +259,32 @@ def test_local_batch_norm_is_named_as_the_cause(tmp_path):
     assert code == 1, stdout + stderr
     verdict = verdicts_of(report)["serial vs 2 devices"]
     assert verdict["verdict"] == "DIVERGENT" and 'batch_norm="local"' in verdict["cause"], verdict
+
+
+# --- pipelined scripts (issue 20 §1) ---------------------------------------------------------------------
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_pipelined_script_with_random_layers_is_equivalent_to_serial(tmp_path):
+    """Under op determinism (every tnt-repro run): the 1-rank reference trains the pipelining script serially
+    (Note [A pipelined model on one rank]), the 2-rank run pipelines it; the recorder takes the whole model's
+    weights from the stages, so every element is compared under the serial run's keys."""
+    code, stdout, stderr, report = check(tmp_path, PIPELINED, "--devices", "2", "--steps", "3", "--no-as-written")
+    assert code == 0, stdout + stderr
+    found = verdicts_of(report)
+    assert found["serial vs 2 devices"]["verdict"] == "EQUIVALENT", found
+    assert found["serial vs 2 devices"]["compared"]["tensors"] == 6
+    assert found["run-to-run (2 devices twice)"]["verdict"] == "IDENTICAL"
+    runs = {run["name"]: run for run in report["runs"]}
+    assert runs["2 devices"]["strategy"].startswith("pipelining") and runs["serial"]["strategy"].startswith("data")
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_pipelined_batch_norm_is_named_as_the_cause(tmp_path):
+    code, stdout, stderr, report = check(tmp_path, PIPELINED, "--devices", "2", "--steps", "3", "--no-as-written",
+                                         "--", "--batch-norm", "--schedule", "gpipe")
+    assert code == 1, stdout + stderr
+    verdict = verdicts_of(report)["serial vs 2 devices"]
+    assert verdict["verdict"] == "DIVERGENT" and verdict["first_divergence"]["step"] == 1
+    assert "each micro-batch with its own statistics" in verdict["cause"], verdict["cause"]
