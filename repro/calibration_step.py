@@ -21,14 +21,37 @@ the distributed run under serial semantics is. A model that still treats
 samples by position (its own stateful random ops, a layer reading the row
 index) makes the difference too large to be rounding; the harness notices and
 says so (repro/tolerance.py, ORDER_SENSITIVE_LIMIT).
+
+Note [Calibrating low precision]
+Under a mixed-precision policy a reversal alone does not reassociate what the
+ranks reassociate. A matmul's weight gradient sums the batch in float32 inside
+the kernel and is rounded to bfloat16 (float16) once: reversed, the float32
+sum rounds to the same bits, so the calibration measured 0 for every kernel of
+the bfloat16 MLP of tests/repro while two ranks, each rounding its half before
+the float32 allreduce adds them, moved the kernels by up to 4e-3 (Adam turns a
+rounding that flips a near-zero gradient's sign into a full step). So when any
+layer with weights computes in a 16-bit float, the calibration step also splits
+the gradient as two ranks do: one forward pass of the whole (reversed) batch,
+then one backward pass per half of the batch's loss (each half's share of the
+mean, its own rounding in the compute dtype), the halves' gradients added in
+float32 before the update. One forward pass keeps random draws and
+BatchNormalization's statistics those of the whole batch. Only Keras's own
+train step is split this way; a model with its own train_step is reversed only.
+The record notes the split, and the tolerance then takes a spread of 4 over the
+envelope instead of 16: the split is the ranks' own rounding, not a proxy for it
+(Note [Derived tolerance]).
 """
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
 
 from tarantella.data import distributed_dataset
 
-__all__ = ["MODES", "check_supported", "reverse_batch", "rows_of"]
+__all__ = ["MODES", "SPLIT_NOTE", "check_supported", "reverse_batch", "rows_of", "computes_in_low_precision", "split_train_step"]
+
+_LOW_PRECISION = ("float16", "bfloat16")
+SPLIT_NOTE = "calibration_split_gradients"  # the record's note that the calibration split (tolerance.py reads it)
 
 MODES = ("reverse",)
 
@@ -56,3 +79,41 @@ def rows_of(data):
     if distributed_dataset.is_distributed_element(data):
         data = data[distributed_dataset.DATA]
     return tf.shape(tf.nest.flatten(data)[0])[0]
+
+
+def computes_in_low_precision(model) -> bool:
+    """Whether a layer with weights computes in a 16-bit float (Note [Calibrating low precision])."""
+    return any(str(getattr(layer, "compute_dtype", "")) in _LOW_PRECISION
+               for layer in model._flatten_layers() if layer.weights)
+
+
+def split_train_step(model, data, parts: int = 2):
+    """Keras's train step with the batch's gradient summed from `parts` backward passes, one per part of the
+    batch (Note [Calibrating low precision]); the loss, its tracker and the metrics are the whole batch's."""
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    rows = rows_of(data)
+    bounds = [(rows * part // parts, rows * (part + 1) // parts) for part in range(parts)]
+    variables = model.trainable_weights
+    with tf.GradientTape(persistent=True) as tape:
+        y_pred = model(x, training=True)
+        shares = []
+        for start, stop in bounds:
+            cut = lambda tree: None if tree is None else tf.nest.map_structure(  # noqa: E731
+                lambda t: t[start:stop], tree)
+            loss = model.compute_loss(x=cut(x), y=cut(y), y_pred=cut(y_pred), sample_weight=cut(sample_weight),
+                                      training=True)
+            shares.append(loss * tf.cast(stop - start, loss.dtype) / tf.cast(rows, loss.dtype))
+        scaled = [model.optimizer.scale_loss(share) for share in shares]
+    summed = None
+    for part in scaled:
+        gradients = [None if g is None else tf.convert_to_tensor(g) for g in tape.gradient(part, variables)]
+        summed = gradients if summed is None else [a if b is None else b if a is None else a + b
+                                                   for a, b in zip(summed, gradients)]
+    del tape
+    model.optimizer.apply_gradients(zip(summed, variables))
+    _loss_metric(model).update_state(tf.add_n(shares), sample_weight=rows)
+    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def _loss_metric(model):
+    return next(m for m in model.metrics if m.name == "loss" and isinstance(m, keras.metrics.Mean))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from repro import calibration_step
 from repro import progress as progress_display
 from repro import records, runs, tolerance as tolerance_module, verdicts
 from repro import wrap as wrap_module
@@ -176,7 +177,9 @@ def _compare(options, plan, recorded, found, refused) -> tolerance_module.Tolera
     tolerance = None
     calibrated = recorded.get(PRODUCTION if exact else "serial")
     if calibrated is not None and "calibration" in recorded:
-        tolerance = tolerance_module.derive(differences(calibrated, recorded["calibration"]))
+        calibration = recorded["calibration"]
+        tolerance = tolerance_module.derive(differences(calibrated, calibration), calibrated.compute_dtype,
+                                            split=bool(calibration.notes.get(calibration_step.SPLIT_NOTE)))
         capped = verdicts.calibration_exceeds_cap(tolerance)
         if capped is not None:
             found.append(capped)

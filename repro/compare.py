@@ -13,10 +13,12 @@ attention key's bias. Their gradient is zero in exact arithmetic (the normalisat
 removes any shift), so they move only by the rounding residue of that zero, ~1e-9 where the model's
 weights are ~1, and any reassociation of the batch sum (the calibration as much as the ranks)
 changes them by their own size: relative to their own largest value they differ by ~1, which says
-nothing. So a variable whose largest value is below CAP = 2**-12 of the model's largest weight at that
-step is measured against the model's largest weight instead (an absolute difference of 3e-9 there is
-3e-9): added to activations of the model's scale, a weight that small keeps no more than 12 of its
-24 bits anyway. ResNet-50 (a bias before each of its 53 BatchNormalization layers) needs this.
+nothing. So a variable whose largest value is below sqrt(u) (float32: 2**-12, the cap) of the model's
+largest weight at that step is measured against the model's largest weight instead (an absolute
+difference of 3e-9 there is 3e-9): added to activations of the model's scale, a weight that small keeps
+no more than 12 of its 24 bits anyway. ResNet-50 (a bias before each of its 53 BatchNormalization
+layers) needs this; under bfloat16 (u = 2**-8, level 2**-4) a few steps' biases are such variables
+(Note [Tolerance from the compute dtype] in repro/precision.py).
 """
 from __future__ import annotations
 
@@ -24,12 +26,12 @@ import dataclasses
 
 import numpy as np
 
+from repro import precision
 from repro.records import Record
 
 __all__ = ["Differences", "differences", "ranks_disagree", "scope"]
 
 _TINY = 1e-30
-ROUNDING_LEVEL = 2.0 ** -12  # Note [Variables at the rounding level]; repro/tolerance.py's CAP
 
 
 @dataclasses.dataclass
@@ -80,20 +82,21 @@ def differences(reference: Record, other: Record) -> Differences:
     relative = np.array([[size(s, k, same, "max_rel") for k, same in zip(keys, bitwise[s])]
                          for s in range(steps + 1)])
     if sized:
-        relative = _rounding_level_against_the_model(other, keys, relative, absolute)
+        level = precision.rounding_level(precision.lowest([reference.compute_dtype, other.compute_dtype]))
+        relative = _rounding_level_against_the_model(other, keys, relative, absolute, level)
     losses = np.array([float("nan")] + [_relative(reference.steps[s]["step_loss"], other.steps[s]["step_loss"])
                                         for s in range(1, steps + 1)])
     return Differences(steps, (reference.step_count, other.step_count), keys, bitwise, relative, absolute, losses,
                        sized)
 
 
-def _rounding_level_against_the_model(other: Record, keys, relative, absolute):
+def _rounding_level_against_the_model(other: Record, keys, relative, absolute, level: float):
     """Note [Variables at the rounding level]: rows of `relative` with a tiny variable's entry re-measured."""
     relative = relative.copy()
     for step in range(relative.shape[0]):
         scales = np.array([float(other.weight(step, key).get("scale") or 0.0) for key in keys])
         largest = float(scales.max(initial=0.0))
-        tiny = (scales < ROUNDING_LEVEL * largest) & np.isfinite(absolute[step])
+        tiny = (scales < level * largest) & np.isfinite(absolute[step])
         relative[step, tiny] = absolute[step, tiny] / max(largest, _TINY)
     return relative
 

@@ -7,6 +7,8 @@ import json
 import os
 import re
 
+from repro import precision
+
 __all__ = ["Record", "load_record", "RecordMissing"]
 
 
@@ -28,6 +30,13 @@ class Record:
     batch_norm: str | None = None        # tnt.Model's batch_norm ("global", "local"; None: not a tnt.Model)
     unmatched_random_ops: tuple = ()     # random ops whose values could not be serial's ("name (type)")
     batch_norm_layers: int = 0           # BatchNormalization layers in the trained model
+    compute_dtypes: tuple = ()           # the compute dtypes of the layers with weights
+    notes: dict = dataclasses.field(default_factory=dict)  # the harness's notes (tarantella._repro.hook.note)
+
+    @property
+    def compute_dtype(self) -> str:
+        """The least precise of them (Note [Tolerance from the compute dtype] in repro/precision.py)."""
+        return precision.lowest(self.compute_dtypes)
 
     @property
     def step_count(self) -> int:
@@ -74,4 +83,5 @@ def load_record(directory: str, name: str) -> Record:
     return Record(name, directory, master["steps"], {rank: doc["steps"] for rank, doc in documents.items()},
                   master["world_size"], master["strategy"], master["gradient_reductions"],
                   master["reduction_count_source"], master["reference"], master.get("batch_norm"),
-                  tuple(master.get("unmatched_random_ops") or ()), int(master.get("batch_norm_layers") or 0))
+                  tuple(master.get("unmatched_random_ops") or ()), int(master.get("batch_norm_layers") or 0),
+                  tuple(master.get("compute_dtypes") or ()), dict(master.get("notes") or {}))

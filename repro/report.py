@@ -134,7 +134,7 @@ def verdict_lines(outcome: CheckOutcome) -> list[str]:
         if verdict.get("compared"):
             lines.append(_scope_line(verdict["compared"]))
         if verdict.get("cause"):
-            lines.append(f"    {'why' if verdict['verdict'] == verdicts.NOT_COMPARED else 'likely cause'}: "
+            lines.append(f"    {'likely cause' if verdict['verdict'] not in verdicts.PASSING else 'why'}: "
                          f"{verdict['cause']}")
         if verdict.get("fix"):
             lines.append(f"    fix: {verdict['fix']}")

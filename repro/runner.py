@@ -62,13 +62,24 @@ def _install_calibration(calibration: str) -> None:
     calibration_step.check_supported(calibration)
     serial_random.install()
     for cls in (Model, keras.Model):   # tnt.Model's step does not call keras.Model's: no double reversal
-        original_step = cls.train_step
+        cls.train_step = _calibration_step(cls.train_step)
 
-        def step(self, data, original_step=original_step):
-            with serial_random.rows_reversed(calibration_step.rows_of(data)):
-                return original_step(self, calibration_step.reverse_batch(data))
 
-        cls.train_step = step
+def _calibration_step(original_step):
+    from repro import calibration_step
+    from tarantella._repro import hook as repro_hook
+    from tarantella.keras import serial_random
+
+    def step(self, data):
+        with serial_random.rows_reversed(calibration_step.rows_of(data)):
+            data = calibration_step.reverse_batch(data)
+            if type(self).train_step is step and not getattr(self, "_own_logic", None) \
+                    and calibration_step.computes_in_low_precision(self):
+                repro_hook.note(calibration_step.SPLIT_NOTE, True)
+                return calibration_step.split_train_step(self, data)  # Note [Calibrating low precision]
+            return original_step(self, data)
+
+    return step
 
 
 def main(argv: list[str] | None = None) -> None:

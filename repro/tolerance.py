@@ -14,27 +14,38 @@ and the calibration run at step s for variable v:
     envelope[s]  = max over steps s' <= s and all variables of C[s', v]
     tolerance[s] = SPREAD * max(envelope[s], s * u)
 
-u is float32's unit roundoff 2**-24 (the floor keeps a tolerance when the
-calibration happens to round to the same bits). SPREAD = 16 (4 bits of
+u is the unit roundoff of the dtype the model computes in (float32's 2**-24,
+bfloat16's 2**-8 under mixed_bfloat16: Note [Tolerance from the compute dtype]
+in repro/precision.py); the floor keeps a tolerance when the calibration happens
+to round to the same bits. SPREAD = 16 (4 bits of
 headroom) allows for one reassociation carrying the trajectory further than
 another: on the project's examples the distributed runs' differences were
 0.6-1.8 times the calibration envelope (they use 5-11% of the tolerance), while
 a planted unseeded noise source differed by 6e-4 at its first step, ~300 times
 the tolerance there (results/repro/README.md has the figures). A run is
 EQUIVALENT when every variable and loss at every step is within tolerance.
+In low precision the calibration also splits each batch's gradient as two ranks
+do (Note [Calibrating low precision] in repro/calibration_step.py): then it is
+the ranks' own rounding rather than a proxy, and SPLIT_SPREAD = 4 (2 bits, for
+4 ranks rounding quarters where the calibration rounds halves) replaces 16,
+which would put the tolerance at the cap for a bfloat16 Adam model whose
+rounding moves weights by 4e-3 (and let a rank that drops its gradient pass).
 
-If the calibration already differs by more than sqrt(u) after one step, the
-difference cannot be rounding (one step of reassociation moves the last few
-bits): the model treats samples by their position in the batch in a way the
+If the calibration already differs by more than sqrt(u) after one step, or
+its first step's loss (the same weights: the forward pass alone) by more than
+sqrt of float32's u, the difference cannot be rounding (one step of
+reassociation moves the last few bits): the model treats samples by their
+position in the batch in a way the
 calibration cannot undo (Keras's random layers it can: their draws are reversed
 with the batch, Note [Measured tolerance]; a stateful random op or a layer
 reading row indices it cannot). The tolerance then falls back to the floor and
 the report says why.
 
 Note [Tolerance cap]
-The tolerance never exceeds CAP = 2**-12 (~2.4e-4) relative to the largest weight of a
+The tolerance never exceeds the cap, sqrt(u) of the compute dtype (float32: CAP = 2**-12,
+~2.4e-4; bfloat16: 2**-4; repro/precision.py), relative to the largest weight of a
 variable, whatever the calibration measured and however many steps ran (the floor s * u
-alone reaches it after 256 steps). At that size half of float32's 24 significand bits of
+alone reaches it after 256 steps in float32, at the first step in bfloat16). At that size half of float32's 24 significand bits of
 the largest weight differ: rounding in a stable training stays far below (the project's
 examples: 3.8e-7 and 5.2e-7 after 30 steps), while real bugs are of that size (the planted
 unseeded noise source: 6e-4 at its first step). A tolerance wider than the cap could not tell
@@ -51,14 +62,16 @@ import math
 
 import numpy as np
 
+from repro import precision
 from repro.compare import Differences
 
-__all__ = ["UNIT_ROUNDOFF", "SPREAD", "ORDER_SENSITIVE_LIMIT", "CAP", "Tolerance", "derive"]
+__all__ = ["UNIT_ROUNDOFF", "SPREAD", "SPLIT_SPREAD", "ORDER_SENSITIVE_LIMIT", "CAP", "Tolerance", "derive"]
 
-UNIT_ROUNDOFF = float(np.finfo(np.float32).eps) / 2   # 2**-24
+UNIT_ROUNDOFF = precision.unit_roundoff(precision.FLOAT32)  # 2**-24
 SPREAD = 16.0
-ORDER_SENSITIVE_LIMIT = math.sqrt(UNIT_ROUNDOFF)      # ~2.4e-4
-CAP = 2.0 ** -12                                      # Note [Tolerance cap]; equals sqrt(u)
+SPLIT_SPREAD = 4.0   # when the calibration split the gradients as the ranks do (Note [Calibrating low precision])
+ORDER_SENSITIVE_LIMIT = math.sqrt(UNIT_ROUNDOFF)      # ~2.4e-4 (float32's; precision.py gives each dtype's)
+CAP = precision.cap(precision.FLOAT32)                # 2**-12: float32's (Note [Tolerance cap])
 
 
 @dataclasses.dataclass
@@ -68,8 +81,18 @@ class Tolerance:
     calibration_envelope: np.ndarray
     order_sensitive: bool
     how: str                     # one line for the report
-    exceeded_cap_at: int | None = None   # first step where the derived tolerance would exceed CAP
+    exceeded_cap_at: int | None = None   # first step where the derived tolerance would exceed the cap
     uncapped_maximum: float = 0.0        # the largest derived tolerance before capping
+    compute_dtype: str = precision.FLOAT32  # Note [Tolerance from the compute dtype]
+    spread: float = SPREAD
+
+    @property
+    def cap(self) -> float:
+        return precision.cap(self.compute_dtype)
+
+    @property
+    def low_precision(self) -> bool:
+        return precision.unit_roundoff(self.compute_dtype) > UNIT_ROUNDOFF
 
     def at(self, step: int) -> float:
         return float(self.weights[min(step, len(self.weights) - 1)])
@@ -78,10 +101,11 @@ class Tolerance:
         return float(self.losses[min(step, len(self.losses) - 1)])
 
     def as_dict(self) -> dict:
-        return {"how": self.how, "spread": SPREAD, "unit_roundoff": UNIT_ROUNDOFF, "cap": CAP,
+        return {"how": self.how, "spread": self.spread, "compute_dtype": self.compute_dtype,
+                "unit_roundoff": precision.unit_roundoff(self.compute_dtype), "cap": self.cap,
                 "exceeded_cap_at": self.exceeded_cap_at, "uncapped_maximum": self.uncapped_maximum,
                 "order_sensitive": self.order_sensitive,
-                "order_sensitive_limit": ORDER_SENSITIVE_LIMIT,
+                "order_sensitive_limit": math.sqrt(precision.unit_roundoff(self.compute_dtype)),
                 "calibration_envelope": self.calibration_envelope.tolist(),
                 "weight_tolerance": self.weights.tolist(), "loss_tolerance": self.losses.tolist()}
 
@@ -90,33 +114,49 @@ def _running_max(values: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(np.nan_to_num(values, nan=0.0))
 
 
-def derive(calibration: Differences) -> Tolerance:
-    """The tolerance per step from the serial-vs-calibration differences."""
+def derive(calibration: Differences, compute_dtype: str = precision.FLOAT32, split: bool = False) -> Tolerance:
+    """The tolerance per step from the serial-vs-calibration differences, for a model computing in
+    `compute_dtype` (Note [Tolerance from the compute dtype]); `split`: the calibration split the gradients."""
+    spread = SPLIT_SPREAD if split else SPREAD
+    u, cap = precision.unit_roundoff(compute_dtype), precision.cap(compute_dtype)
+    dtype = precision.describe(compute_dtype)
     steps = np.arange(calibration.steps + 1, dtype=np.float64)
-    floor = steps * UNIT_ROUNDOFF
+    # the float32 variables accumulate the updates; one rounding of the compute dtype in each run compared
+    # (Note [Tolerance from the compute dtype])
+    floor = np.maximum(steps * UNIT_ROUNDOFF, np.minimum(steps, 1) * precision.COMPUTE_FLOOR * u / spread)
     per_step = calibration.weights.max(axis=1) if calibration.weights.size else np.zeros(len(steps))
-    order_sensitive = calibration.steps >= 1 and float(per_step[1]) > ORDER_SENSITIVE_LIMIT
+    weight_limit = math.sqrt(u)
+    first_loss = float(calibration.losses[1]) if calibration.steps >= 1 else 0.0
+    moved_weights = calibration.steps >= 1 and float(per_step[1]) > weight_limit
+    moved_loss = first_loss == first_loss and first_loss > precision.LOSS_ORDER_LIMIT
+    order_sensitive = bool(moved_weights or moved_loss)
     if order_sensitive:
         envelope = np.zeros(len(steps))
         loss_envelope = np.zeros(len(steps))
-        how = (f"calibration invalid: reversing the samples of a batch changed the weights by "
-               f"{per_step[1]:.2e} (> sqrt(u) = {ORDER_SENSITIVE_LIMIT:.1e}) after one step, so the model treats "
-               f"samples by position (random values not drawn per sample, row indices); tolerance = {SPREAD:g} * step "
-               f"* u only")
+        what = (f"changed the weights by {per_step[1]:.2e} (> sqrt(u) = {weight_limit:.1e} of {dtype})"
+                if moved_weights else
+                f"changed the first step's loss by {first_loss:.2e} (> {precision.LOSS_ORDER_LIMIT:.1e}: the same "
+                f"weights, only the forward pass)")
+        how = (f"calibration invalid: reversing the samples of a batch {what} after one step, so the model treats "
+               f"samples by position (random values not drawn per sample, row indices); tolerance = {spread:g} * "
+               f"step * u only")
     else:
         envelope = _running_max(per_step)
         loss_envelope = _running_max(calibration.losses)
-        how = (f"tolerance[step] = {SPREAD:g} * max(running max of the serial-vs-reversed-batch difference, "
-               f"step * 2^-24); measured envelope after {calibration.steps} steps: {envelope[-1]:.2e} (weights), "
-               f"{loss_envelope[-1]:.2e} (loss)")
-    uncapped = SPREAD * np.maximum(envelope, floor)
-    exceeded = np.flatnonzero(SPREAD * envelope > CAP)
+        calibrated = "reversed-and-split-batch" if split else "reversed-batch"
+        how = (f"tolerance[step] = {spread:g} * max(running max of the serial-vs-{calibrated} difference, "
+               f"step * 2^-24, {precision.COMPUTE_FLOOR:g} u / {spread:g}), compute dtype {dtype}; measured "
+               f"envelope after {calibration.steps} steps: {envelope[-1]:.2e} (weights), {loss_envelope[-1]:.2e} "
+               f"(loss)")
+    uncapped = spread * np.maximum(envelope, floor)
+    exceeded = np.flatnonzero(spread * envelope > cap)
     exceeded_at = int(exceeded[0]) if exceeded.size else None
     if exceeded_at is not None:
         how = (f"calibration exceeds the cap: the serial-vs-reversed-batch difference reached "
-               f"{envelope[exceeded_at]:.2e} at step {exceeded_at} ({SPREAD:g} x that > cap {CAP:.2e}; "
-               f"at the end {envelope[-1]:.2e}); tolerance capped at {CAP:.2e}, not widened")
+               f"{envelope[exceeded_at]:.2e} at step {exceeded_at} ({spread:g} x that > cap {cap:.2e} of {dtype}; "
+               f"at the end {envelope[-1]:.2e}); tolerance capped at {cap:.2e}, not widened")
     else:
-        how += f"; capped at {CAP:.2e} (Note [Tolerance cap])"
-    return Tolerance(np.minimum(uncapped, CAP), np.minimum(SPREAD * np.maximum(loss_envelope, floor), CAP),
-                     envelope, bool(order_sensitive), how, exceeded_at, float(uncapped.max(initial=0.0)))
+        how += f"; capped at {cap:.2e} (Note [Tolerance cap])"
+    return Tolerance(np.minimum(uncapped, cap), np.minimum(spread * np.maximum(loss_envelope, floor), cap),
+                     envelope, order_sensitive, how, exceeded_at, float(uncapped.max(initial=0.0)), compute_dtype,
+                     spread)

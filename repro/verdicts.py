@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import math
 
+from repro import precision
 from repro.compare import differences, ranks_disagree, scope
 from repro.records import Record
-from repro.tolerance import CAP, Tolerance
+from repro.tolerance import Tolerance
 
 __all__ = ["PASSING", "NOT_COMPARED", "WRAP_FIX", "ghost_batches_not_compared", "layer_of", "equivalence", "run_to_run", "as_written", "failed_run",
            "not_distributed", "calibration_exceeds_cap"]
@@ -137,11 +138,12 @@ def calibration_exceeds_cap(tolerance: Tolerance) -> dict | None:
         return None
     step = tolerance.exceeded_cap_at
     return {"check": "calibration (serial vs reversed batches)", "devices": 1, "verdict": "CALIBRATION_EXCEEDS_CAP",
-            "first_divergence": None, "step": step, "uncapped_tolerance": tolerance.uncapped_maximum, "cap": CAP,
+            "first_divergence": None, "step": step, "uncapped_tolerance": tolerance.uncapped_maximum,
+            "cap": tolerance.cap,
             "cause": f"reordering the samples of a batch alone moved the weights by "
                      f"{tolerance.calibration_envelope[step]:.2e} (relative) by step {step}: this training "
-                     f"amplifies rounding beyond the cap {CAP:.2e}, so no tolerance can tell rounding from a bug "
-                     f"(Note [Tolerance cap] in repro/tolerance.py)",
+                     f"amplifies rounding beyond the cap {tolerance.cap:.2e}, so no tolerance can tell rounding "
+                     f"from a bug (Note [Tolerance cap] in repro/tolerance.py)",
             "fix": "check fewer steps (--steps), or use --mode exact (bit for bit, no tolerance)"}
 
 
@@ -190,7 +192,12 @@ def equivalence(reference: Record, other: Record, devices: int, tolerance: Toler
                     "first_divergence": {"step": step, "layer": "(loss)", "variable": "loss",
                                          "difference": float(diffs.losses[step]), "tolerance": loss_limit},
                     "cause": _distributed_cause(step, diffs.keys[0], reference, other, tolerance, exact)}
-    return {**verdict, "verdict": "EQUIVALENT", "first_divergence": None, "cause": None,
+    cause = None
+    if tolerance.low_precision:  # Note [Tolerance from the compute dtype]
+        cause = (f"the runs differ by {tolerance.compute_dtype} rounding of sums over another split of the batch "
+                 f"(the model computes in {precision.describe(tolerance.compute_dtype)}), within that dtype's "
+                 f"tolerance; not by the samples' positions")
+    return {**verdict, "verdict": "EQUIVALENT", "first_divergence": None, "cause": cause,
             "tolerance_used": round(margin, 4)}
 
 

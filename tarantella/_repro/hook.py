@@ -35,7 +35,7 @@ import numpy as np
 from tarantella._repro import reductions, weights as weight_records
 from tarantella.keras import serial_random
 
-__all__ = ["RECORD_VARIABLE", "REFERENCE_VARIABLE", "STORE_WEIGHTS_VARIABLE", "MAX_STEPS_VARIABLE",
+__all__ = ["note", "RECORD_VARIABLE", "REFERENCE_VARIABLE", "STORE_WEIGHTS_VARIABLE", "MAX_STEPS_VARIABLE",
            "MAX_EPOCHS_VARIABLE", "extra_callbacks", "make_recorder", "rank_from_environment",
            "world_size_from_environment"]
 
@@ -46,6 +46,13 @@ MAX_STEPS_VARIABLE = "TNT_REPRO_MAX_STEPS"
 MAX_EPOCHS_VARIABLE = "TNT_REPRO_MAX_EPOCHS"
 
 _recorders_made = 0
+_notes: dict = {}   # what the harness says of this run's steps (note()); written with the record
+
+
+def note(key: str, value) -> None:
+    """The harness notes something about how this process trains (repro/runner.py: the calibration split the
+    gradients); it is written into the record as `notes`."""
+    _notes[key] = value
 
 
 def rank_from_environment() -> int:
@@ -162,6 +169,8 @@ def make_recorder(directory: str, reference: str | None = None, store_weights: b
                         "strategy": reductions.strategy_of(self.model),
                         "batch_norm": getattr(self.model, "batch_norm", None),
                         "batch_norm_layers": _batch_norm_layers(self.model),
+                        "compute_dtypes": _compute_dtypes(self.model),
+                        "notes": dict(_notes),
                         "unmatched_random_ops": serial_random.unmatched(),
                         "gradient_reductions": self.steps[-1]["reductions"] if self.steps else None,
                         "reduction_count_source": self.counter.source if self.counter else None,
@@ -172,6 +181,14 @@ def make_recorder(directory: str, reference: str | None = None, store_weights: b
             os.replace(path + ".tmp", path)
 
     return Recorder()
+
+
+def _compute_dtypes(model) -> list[str]:
+    """The compute dtypes of the layers with weights (their dtype policies'); the checker takes the tolerance
+    from the least precise (Note [Tolerance from the compute dtype] in repro/precision.py)."""
+    model = getattr(model, "whole_model", model)
+    return sorted({str(getattr(layer, "compute_dtype", None) or "float32") for layer in model._flatten_layers()
+                   if layer.weights})
 
 
 def _whole_model_weights(model) -> list:

@@ -20,6 +20,7 @@ HANGS = os.path.join(HERE, "programs", "hangs.py")
 PLAIN_KERAS = os.path.join(HERE, "programs", "plain_keras.py")
 RESIDUAL_CNN = os.path.join(HERE, "programs", "residual_cnn.py")
 PIPELINED = os.path.join(HERE, "programs", "pipelined.py")
+MIXED_PRECISION = os.path.join(HERE, "programs", "mixed_precision.py")
 EXAMPLE_MLP = os.path.join(REPO, "examples", "mlp_numpy.py")
 EXAMPLE_CNN = os.path.join(REPO, "examples", "cnn_tf_data.py")
 SUBPROCESS_TIMEOUT = 280
@@ -288,3 +289,39 @@ def test_pipelined_batch_norm_is_named_as_the_cause(tmp_path):
     verdict = verdicts_of(report)["serial vs 2 devices"]
     assert verdict["verdict"] == "DIVERGENT" and verdict["first_divergence"]["step"] == 1
     assert "each micro-batch with its own statistics" in verdict["cause"], verdict["cause"]
+
+
+# --- mixed precision (issue 23 §1) -----------------------------------------------------------------------
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_bfloat16_rounding_is_equivalent_and_named(tmp_path):
+    """Was DIVERGENT, the calibration blaming positions: the tolerance now comes from bfloat16's roundoff and
+    a calibration that splits the gradients as the ranks do (Note [Calibrating low precision])."""
+    code, stdout, stderr, report = check(tmp_path, MIXED_PRECISION, "--wrap", "--devices", "2", "--steps", "8",
+                                         "--no-as-written")
+    assert code == 0, stdout + stderr
+    verdict = verdicts_of(report)["serial vs 2 devices"]
+    assert verdict["verdict"] == "EQUIVALENT" and "bfloat16 rounding" in verdict["cause"], verdict
+    assert report["tolerance"]["compute_dtype"] == "bfloat16" and report["tolerance"]["cap"] == 2.0 ** -4
+    assert not report["tolerance"]["order_sensitive"] and report["tolerance"]["spread"] == 4.0
+    assert "why: the runs differ by bfloat16 rounding" in stdout
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_a_rank_dropping_its_gradient_under_bfloat16_is_divergent(tmp_path):
+    code, stdout, stderr, report = check(tmp_path, MIXED_PRECISION, "--wrap", "--devices", "2", "--steps", "8",
+                                         "--no-as-written", "--", "--defect", "dropped-gradient")
+    assert code == 1, stdout + stderr
+    assert verdicts_of(report)["serial vs 2 devices"]["verdict"] == "DIVERGENT"
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_ranks_deciding_loss_scales_differently_are_divergent(tmp_path):
+    code, stdout, stderr, report = check(tmp_path, MIXED_PRECISION, "--wrap", "--devices", "2", "--steps", "8",
+                                         "--no-as-written", "--", "--policy", "mixed_float16", "--defect", "loss-scale")
+    assert code == 1, stdout + stderr
+    verdict = verdicts_of(report)["serial vs 2 devices"]
+    assert verdict["verdict"] == "DIVERGENT" and "rank 1 holds other weights" in verdict["cause"], verdict

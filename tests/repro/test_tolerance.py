@@ -43,3 +43,24 @@ def test_the_step_floor_is_capped_on_long_runs():
     derived = tolerance.derive(_calibration(long))
     assert derived.exceeded_cap_at is None                                  # the floor alone is no drift
     assert derived.weights[-1] == tolerance.CAP < tolerance.SPREAD * 2000 * tolerance.UNIT_ROUNDOFF
+
+
+def test_the_compute_dtype_sets_the_cap_the_floor_and_the_order_limit():
+    """Note [Tolerance from the compute dtype]: bfloat16 (u = 2^-8) against float32 on the same calibration."""
+    steady = [0.0, 4e-3, 4e-3, 4e-3]  # the bfloat16 MLP's calibration with split gradients
+    in_float32 = tolerance.derive(_calibration(steady))
+    assert in_float32.order_sensitive and in_float32.cap == 2.0 ** -12  # far beyond float32 rounding
+    split = tolerance.derive(_calibration(steady), "bfloat16", split=True)
+    assert split.cap == 2.0 ** -4 and split.exceeded_cap_at is None and not split.order_sensitive
+    np.testing.assert_allclose(split.weights, [0.0] + [tolerance.SPLIT_SPREAD * 4e-3] * 3)
+    assert "bfloat16 (u = 2^-8)" in split.how and split.low_precision and not in_float32.low_precision
+    # a calibration that rounds to the same bits: the floor is two units of the compute dtype, not growing
+    quiet = tolerance.derive(_calibration([0.0, 0.0, 0.0, 0.0]), "bfloat16")
+    np.testing.assert_allclose(quiet.weights[1:], 2 * 2.0 ** -8)
+
+
+def test_a_first_step_loss_that_moves_means_position_dependence_in_any_dtype():
+    moved = _calibration([0.0, 1e-4, 1e-4])
+    moved.losses = np.array([np.nan, 3e-2, 3e-2])   # the forward pass alone changed: masks follow positions
+    derived = tolerance.derive(moved, "bfloat16")
+    assert derived.order_sensitive and "first step's loss" in derived.how
