@@ -29,6 +29,8 @@ from typing import Sequence
 
 from bench.errors import USAGE_EXIT_CODE, BenchUsageError
 
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")  # Keras dtype policies (tnt-bench --precision)
+
 __all__ = ["main", "build_parser"]
 
 
@@ -64,6 +66,9 @@ def _add_scaling(commands):
                         help="untimed steps first, including tracing (default 2)")
     parser.add_argument("--data", default="synthetic", help="synthetic (default) or tfds:NAME")
     parser.add_argument("--data-dir", help="TFDS data directory (default: TFDS_DATA_DIR or ~/tensorflow_datasets)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="float32",
+                        help="the Keras dtype policy to train at (MLPerf trains in mixed precision); recorded in "
+                             "every row, and the simulation takes the cluster's stated speed at it. Default float32")
     parser.add_argument("--hostfile", help="hosts to run on, as for the tarantella launcher")
     parser.add_argument("--npernode", type=_positive_int, help="ranks per host")
     parser.add_argument("--launch-agent", help="passed to the tarantella launcher (how mpirun reaches a host)")
@@ -167,7 +172,8 @@ def _scaling(args, argv) -> int:
     options = SweepOptions(
         model=args.model, counts=counts, framework=args.framework, micro_batch=args.micro_batch,
         global_batch=args.global_batch, steps=args.steps, warmup_steps=args.warmup_steps,
-        data=args.data, data_dir=args.data_dir, hostfile=args.hostfile, npernode=args.npernode,
+        data=args.data, data_dir=args.data_dir, precision=args.precision, hostfile=args.hostfile,
+        npernode=args.npernode,
         launch_agent=args.launch_agent, network_interface=args.network_interface,
         oversubscribe=args.oversubscribe, simulate=args.simulate, cluster=args.cluster,
         model_profile=args.model_profile,

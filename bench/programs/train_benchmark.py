@@ -17,6 +17,8 @@ import platform
 import socket
 import sys
 
+from bench.cli import PRECISIONS
+
 
 def _parse(argv):
     parser = argparse.ArgumentParser(prog="train_benchmark.py")
@@ -28,6 +30,8 @@ def _parse(argv):
     parser.add_argument("--data", default="synthetic", help="synthetic or tfds:NAME")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--precision", choices=PRECISIONS, default="float32",
+                        help="the Keras dtype policy (set before the model is built)")
     parser.add_argument("--profile-out", default=None, help="write the model profile here (1 rank)")
     return parser.parse_args(argv)
 
@@ -87,6 +91,7 @@ def main(argv=None) -> int:
         print(f"train_benchmark: --global-batch {args.global_batch} is not divisible by "
               f"{ranks} ranks", file=sys.stderr)
         return 2
+    keras.mixed_precision.set_global_policy(args.precision)  # mixed_float16: compile adds a LossScaleOptimizer
     keras.utils.set_random_seed(args.seed)
     keras_model = entry.build()
     try:
@@ -120,7 +125,7 @@ def main(argv=None) -> int:
         "nodes": len(set(hosts)), "micro_batch": args.global_batch // ranks,
         "global_batch": args.global_batch, "warmup_steps": args.warmup_steps,
         "steps": args.steps, "step_times_s": step_times, "threads_per_rank": threads,
-        "data": args.data, "parameters": int(keras_model.count_params()),
+        "data": args.data, "precision": args.precision, "parameters": int(keras_model.count_params()),
         "final_loss": float(history.history["loss"][-1]),
         "load_average_1m": round(os.getloadavg()[0], 2),  # others' work on the machine skews times
         "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
@@ -146,7 +151,7 @@ def _measure_profile(entry, keras_model, args, step_times):
     if batch > half:
         per_example_s = max((phases["forward_backward_s"] - phases["forward_backward_half_s"]) / (batch - half), 0.0)
     per_example_s = min(per_example_s, phases["forward_backward_s"] / batch)
-    return {"model": entry.name, "micro_batch": args.global_batch, "step_s": step_s,
+    return {"model": entry.name, "precision": args.precision, "micro_batch": args.global_batch, "step_s": step_s,
             "forward_s": phases["forward_s"], "backward_s": phases["backward_s"],
             "update_s": update_s, "per_example_s": per_example_s,
             "fixed_s": max(step_s - per_example_s * batch, 0.0), "phases": phases,

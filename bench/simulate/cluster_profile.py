@@ -108,8 +108,20 @@ class ClusterProfile:
     straggler_cv: float | None = None
     input_core_s_per_example: float = 0.0
     input_cores_per_node: float = 0.0
+    precision_speed: dict = dataclasses.field(default_factory=dict)  # [compute.precision]: speed vs float32
     path: str = ""
     text: str = ""                     # the file's contents, recorded with every prediction
+
+    def speed_at(self, precision: str) -> float:
+        """The device's step speed at a Keras dtype policy relative to float32 (Note [Precision of a simulated
+        device] in bench/simulate/compute_model.py); a profile that states none for it is an error."""
+        if precision == "float32":
+            return 1.0
+        if precision not in self.precision_speed:
+            raise BenchUsageError(f"cluster profile {self.path or self.name} states no {precision} throughput: add "
+                                  f"`{precision} = <speed relative to float32>` under [compute.precision], with "
+                                  f"its source, or simulate --precision float32")
+        return self.precision_speed[precision]
 
     @property
     def max_devices(self) -> int:
@@ -228,4 +240,5 @@ def load_cluster_profile(name_or_path: str) -> ClusterProfile:
         straggler_cv=float(stragglers["cv"]) if "cv" in stragglers else None,
         input_core_s_per_example=float(inputs.get("per_example_core_ms", 0.0)) / 1e3,
         input_cores_per_node=float(inputs.get("cores_per_node", 0.0)),
+        precision_speed={str(k): float(v) for k, v in compute.get("precision", {}).items()},
         path=path, text=text)

@@ -15,6 +15,18 @@ The figure comes, in this order of preference, from
      launches) runs on one core and is only slowed when a rank has less than a core.
 The measured forward/backward/update split is kept in every case. Work is taken to
 divide perfectly among a process's cores (TensorFlow's thread pools do not quite).
+
+Note [Precision of a simulated device]
+A simulation runs at a Keras dtype policy (tnt-bench --precision float32,
+mixed_float16, mixed_bfloat16). A cluster profile states, per policy, its
+device's step speed relative to float32 ([compute.precision], each figure with
+its source: tensor cores, a CPU's bfloat16 dot products, or none); float32 is 1.
+Published throughputs ([compute.models]) are float32 figures: divided by the
+stated speed. A measured profile was taken at its own `precision` on the
+measuring machine (bench/profiles/this_machine.toml states that machine's
+speeds, measured): multiplied by the measuring machine's speed at that precision
+it is a float32 figure, scaled as above, then divided by the cluster's speed at
+the simulated precision.
 """
 from __future__ import annotations
 
@@ -56,6 +68,11 @@ def _measured_step(profile: dict, cluster: ClusterProfile, micro_batch: int, cor
     return fixed + variable
 
 
+def _measuring_machine() -> ClusterProfile:
+    from bench.simulate.cluster_profile import load_cluster_profile
+    return load_cluster_profile("this_machine")
+
+
 def _input_s(cluster: ClusterProfile, micro_batch: int, ranks_on_node: int, cores: float) -> float:
     if not cluster.input_core_s_per_example:
         return 0.0
@@ -64,8 +81,10 @@ def _input_s(cluster: ClusterProfile, micro_batch: int, ranks_on_node: int, core
 
 
 def rank_compute(profile: dict, cluster: ClusterProfile, micro_batch: int, devices: int,
-                 real_data: bool = False) -> RankCompute:
-    """One rank's mean compute per step when `devices` ranks run on `cluster`."""
+                 real_data: bool = False, precision: str = "float32",
+                 measuring: ClusterProfile | None = None) -> RankCompute:
+    """One rank's mean compute per step when `devices` ranks run on `cluster` at `precision` (Note [Precision
+    of a simulated device]; `measuring`: the profile of the machine the model profile was measured on)."""
     ranks_on_node = cluster.ranks_sharing(devices)
     cores = cluster.rank_cores(ranks_on_node) if cluster.kind == "cpu" else 1.0
     published = cluster.model_steps.get(profile["model"])
@@ -73,6 +92,10 @@ def rank_compute(profile: dict, cluster: ClusterProfile, micro_batch: int, devic
         step, source = _published_step(published, cluster, micro_batch, cores), "published"
     else:
         step, source = _measured_step(profile, cluster, micro_batch, cores), "measured profile"
+        measured_at = profile.get("precision", "float32")
+        if measured_at != "float32":
+            step *= (measuring or _measuring_machine()).speed_at(measured_at)
+    step /= cluster.speed_at(precision)
     measured = profile["forward_s"] + profile["backward_s"] + profile["update_s"]
     scale = step / measured if measured > 0 else 0.0
     input_s = _input_s(cluster, micro_batch, ranks_on_node, cores) if real_data else 0.0

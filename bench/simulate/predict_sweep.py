@@ -20,15 +20,15 @@ def check_cluster_capacity(counts: list[int], cluster: ClusterProfile) -> None:
 
 
 def simulated_row(profile: dict, cluster: ClusterProfile, devices: int, micro_batch: int,
-                  exchange_gradients: bool = True, real_data: bool = False) -> dict:
-    """A runs.csv row for `devices` ranks of `cluster` (figures derived later)."""
+                  exchange_gradients: bool = True, real_data: bool = False, precision: str = "float32") -> dict:
+    """A runs.csv row for `devices` ranks of `cluster` at `precision` (figures derived later)."""
     prediction = predict_step(profile, cluster, micro_batch, devices,
-                              exchange_gradients=exchange_gradients, real_data=real_data)
+                              exchange_gradients=exchange_gradients, real_data=real_data, precision=precision)
     nodes = math.ceil(devices / cluster.devices_per_node)
     return {
         "devices": devices, "nodes": nodes, "devices_per_node": min(devices, cluster.devices_per_node),
         "simulated": True, "cluster": cluster.name, "oversubscribed": False,
-        "micro_batch": micro_batch, "global_batch": micro_batch * devices,
+        "micro_batch": micro_batch, "global_batch": micro_batch * devices, "precision": precision,
         "step_time_median_s": prediction.step_s, "step_time_mean_s": prediction.step_s,
         "step_time_min_s": prediction.step_s, "step_time_max_s": prediction.step_s,
         "step_time_std_s": 0.0, "step_times_s": [prediction.step_s],

@@ -108,11 +108,12 @@ def statistics_cost(profile: dict, cluster: ClusterProfile, devices: int, algori
 
 def predict_step(profile: dict, cluster: ClusterProfile, micro_batch: int, devices: int,
                  algorithm: str | None = None, exchange_gradients: bool = True,
-                 real_data: bool = False, global_batch_norm: bool = True) -> StepPrediction:
+                 real_data: bool = False, global_batch_norm: bool = True,
+                 precision: str = "float32") -> StepPrediction:
     """The step time; exchange_gradients=False for the keras baseline, whose ranks share nothing;
     global_batch_norm=False for batch_norm="local"."""
     algorithm = algorithm or cluster.algorithm
-    rank = rank_compute(profile, cluster, micro_batch, devices, real_data)
+    rank = rank_compute(profile, cluster, micro_batch, devices, real_data, precision)
     factor = straggler_factor(straggler_cv(profile, cluster), devices)
     forward, backward, update = rank.forward_s * factor, rank.backward_s * factor, rank.update_s * factor
     if cluster.kind == "cpu":

@@ -16,6 +16,7 @@ class SweepOptions:
     steps: int = 10
     warmup_steps: int = 2
     data: str = "synthetic"
+    precision: str = "float32"          # the Keras dtype policy the model trains (and is simulated) at
     data_dir: str | None = None
     hostfile: str | None = None
     npernode: int | None = None

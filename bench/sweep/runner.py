@@ -40,7 +40,7 @@ def launch_command(options: SweepOptions, devices: int, micro_batch: int,
     command += ["-x", "TF_CPP_MIN_LOG_LEVEL=2", "--", PROGRAM, "--model", options.model,
                 "--framework", options.framework, "--global-batch", str(micro_batch * devices),
                 "--steps", str(options.steps), "--warmup-steps", str(options.warmup_steps),
-                "--data", options.data, "--seed", str(options.seed)]
+                "--data", options.data, "--seed", str(options.seed), "--precision", options.precision]
     if options.data_dir:
         command += ["--data-dir", options.data_dir]
     if profile_out:

@@ -111,7 +111,8 @@ def simulate_rows(options, entry, profile, cluster, counts):
     for count in counts:
         # The keras baseline exchanges no gradients, so its prediction has no communication.
         row = simulated_row(profile, cluster, count, options.micro_batch_for(count, entry.default_micro_batch),
-                            exchange_gradients=options.framework == "tnt", real_data=options.data != "synthetic")
+                            exchange_gradients=options.framework == "tnt", real_data=options.data != "synthetic",
+                            precision=options.precision)
         row["command"] = options.command
         rows.append(row)
     return rows
@@ -152,6 +153,8 @@ def run_scaling(options: SweepOptions) -> dict:
         measure, beyond = split_counts(options.counts, capacity, options.oversubscribe)
     cluster_name = options.cluster or (DEFAULT_CLUSTER if beyond else None)
     cluster = load_cluster_profile(cluster_name) if cluster_name else None
+    if cluster is not None:
+        cluster.speed_at(options.precision)  # a profile that states no speed at it: an error before any run
     if beyond:
         check_cluster_capacity(beyond, cluster)
     os.makedirs(options.out, exist_ok=True)
@@ -176,7 +179,7 @@ def run_scaling(options: SweepOptions) -> dict:
 
     sweep = os.path.basename(os.path.normpath(options.out))
     timestamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    common = {"sweep": sweep, "model": entry.name, "framework": options.framework,
+    common = {"sweep": sweep, "model": entry.name, "framework": options.framework, "precision": options.precision,
               "scaling": options.scaling, "timestamp": timestamp, **machine, **source,
               **describe_software()}
     rows = [complete_row(row, options, entry, epoch_examples, common) for row in rows]

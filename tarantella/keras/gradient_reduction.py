@@ -4,6 +4,16 @@ One home for the arithmetic that every distributed path uses: tnt.Model's own
 train step (through the loss, Note [Loss of the global batch] in tf_steps.py),
 the distributed optimizer (Note [Distributing through the optimizer] in
 distributed_optimizer.py) and custom loops (tnt.reduce_gradients, custom_loop.py).
+
+Note [16-bit gradients are summed in float32]
+Under a mixed-precision policy the variables, and so their gradients, are
+float32: the allreduce sums float32 whatever the layers compute in. A variable
+that is itself float16 or bfloat16 (the "bfloat16" policy) has 16-bit
+gradients; serial Keras rounds each of them once, at the end of the kernel that
+sums the batch. Summed over the ranks in 16 bits, every addition would round
+again (log2 N more roundings of 2^-8 for bfloat16), so such gradients are
+weighted and summed in float32 and rounded to the variable's dtype once, after
+the sum: twice their bytes on the wire, serial's single rounding.
 """
 from __future__ import annotations
 
@@ -15,6 +25,8 @@ from tarantella.keras import sparse_gradients
 from tarantella.timeline import graph_marks
 
 __all__ = ["dense_gradients", "weighted_sum"]
+
+_SUMMED_IN_FLOAT32 = (tf.float16, tf.bfloat16)
 
 
 def dense_gradients(gradients, variables) -> list[tf.Tensor]:
@@ -49,11 +61,14 @@ def weighted_sum(gradients, variables, share, allreducer_for: Callable, overlap:
         dense_variables = [variables[i] for i in dense_at]
         dense = graph_marks.mark_each(dense_gradients([gradients[i] for i in dense_at], dense_variables),
                                       graph_marks.GRADIENT)  # timeline only
+        dtypes = [gradient.dtype for gradient in dense]
+        dense = [tf.cast(g, tf.float32) if g.dtype in _SUMMED_IN_FLOAT32 else g for g in dense]  # Note above
         if share is not None:
             dense = [_weighted(gradient, share) for gradient in dense]
         in_backprop_order = dense[::-1]
         summed = allreducer_for(in_backprop_order)(in_backprop_order, overlap=overlap)
-        for i, gradient in zip(dense_at, graph_marks.mark_each(summed[::-1], graph_marks.REDUCED)):
+        summed = [tf.cast(g, dtype) if g.dtype != dtype else g for g, dtype in zip(summed[::-1], dtypes)]
+        for i, gradient in zip(dense_at, graph_marks.mark_each(summed, graph_marks.REDUCED)):
             result[i] = gradient
     if sparse:
         gathered = sparse_gradients.gather([gradients[i] for i in sparse], [variables[i] for i in sparse], share)

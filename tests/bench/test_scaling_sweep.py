@@ -74,10 +74,11 @@ def test_tiny_transformer_runs_on_one_device_and_counts_tokens(tmp_path):
     out = tmp_path / "t"
     done = _tnt_bench("scaling", "--model", "transformer_tiny", "--devices", "1", "--framework", "keras",
                       "--steps", "2", "--warmup-steps", "1", "--out", str(out), "--no-plots", "--quiet",
-                      timeout=100)
+                      "--precision", "mixed_bfloat16", timeout=100)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = pd.read_csv(out / "runs.csv")
     row = runs.iloc[0]
+    assert row["precision"] == "mixed_bfloat16"   # trained under the policy, recorded in the row
     assert row["throughput_unit"] == "tokens/s" and row["speedup"] == pytest.approx(1.0)
     assert row["throughput"] == pytest.approx(row["global_batch"] * 16 / row["step_time_median_s"])
     assert not row["simulated"]

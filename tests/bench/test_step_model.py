@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from bench.errors import BenchUsageError
 from bench.simulate.allreduce_cost import allreduce_time
 from bench.simulate.cluster_profile import Link, load_cluster_profile
 from bench.simulate.compute_model import rank_compute
@@ -81,6 +82,24 @@ def test_global_batch_norm_statistics_stop_compute_for_each_allreduce():
     assert plain.statistics_s == 0.0 and plain.statistics_allreduces == 0
     one = predict_step(profile, cluster, 8, 1, algorithm="ring")
     assert one.statistics_allreduces == 0  # one device: Keras's own statistics
+
+
+def test_precision_divides_compute_by_the_devices_stated_speed():
+    """Note [Precision of a simulated device]: float32 is 1; a stated speed divides the step; a profile
+    measured here in bfloat16 is first made float32 with the measuring machine's speed."""
+    cluster = _gpu(precision_speed={"mixed_float16": 3.0})
+    profile = _one_bucket_profile()
+    full = rank_compute(profile, cluster, 8, 1)
+    fast = rank_compute(profile, cluster, 8, 1, precision="mixed_float16")
+    assert fast.step_s == pytest.approx(full.step_s / 3.0)
+    assert predict_step(profile, cluster, 8, 1, precision="mixed_float16").step_s == pytest.approx(full.step_s / 3)
+    with pytest.raises(BenchUsageError, match="states no mixed_bfloat16 throughput.*compute.precision"):
+        rank_compute(profile, cluster, 8, 1, precision="mixed_bfloat16")
+    measured_in_bf16 = dict(profile, precision="mixed_bfloat16")
+    measuring = dataclasses.replace(cluster, precision_speed={"mixed_bfloat16": 1.5})
+    bf16_cluster = dataclasses.replace(cluster, precision_speed={"mixed_bfloat16": 6.0})
+    simulated = rank_compute(measured_in_bf16, bf16_cluster, 8, 1, precision="mixed_bfloat16", measuring=measuring)
+    assert simulated.step_s == pytest.approx(full.step_s * 1.5 / 6.0)
 
 
 def test_buckets_ready_early_are_hidden_behind_backprop():
