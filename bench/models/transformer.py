@@ -41,7 +41,7 @@ class SharedEmbedding(layers.Layer):
     def call(self, ids):
         length = ops.shape(ids)[1]
         x = ops.take(self.table, ids, axis=0) * (self.d_model ** 0.5)
-        return x + ops.convert_to_tensor(self.positions)[None, :length]
+        return x + ops.convert_to_tensor(self.positions, dtype=x.dtype)[None, :length]  # a mixed policy: x is 16-bit
 
     def get_config(self):
         return {**super().get_config(), "vocab_size": self.vocab_size, "d_model": self.d_model,
