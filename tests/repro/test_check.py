@@ -325,3 +325,34 @@ def test_ranks_deciding_loss_scales_differently_are_divergent(tmp_path):
     assert code == 1, stdout + stderr
     verdict = verdicts_of(report)["serial vs 2 devices"]
     assert verdict["verdict"] == "DIVERGENT" and "rank 1 holds other weights" in verdict["cause"], verdict
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_exact_mode_is_bitwise_under_mixed_bfloat16(tmp_path):
+    """Issue 23 §2: the virtual micro-batches round alike at every rank count; exact serial against
+    production serial within bfloat16's tolerance."""
+    code, stdout, stderr, report = check(tmp_path, MIXED_PRECISION, "--wrap", "--devices", "1,2,4", "--steps", "8",
+                                         "--mode", "exact", "--virtual-batches", "4", "--no-as-written",
+                                         timeout=SUBPROCESS_TIMEOUT)
+    assert code == 0, stdout + stderr
+    found = verdicts_of(report)
+    for name in ("serial vs 1 device", "serial vs 2 devices", "serial vs 4 devices", "run-to-run (4 devices twice)"):
+        assert found[name]["verdict"] == "IDENTICAL", found[name]
+    production = found["exact serial vs production serial"]
+    assert production["verdict"] == "EQUIVALENT" and "bfloat16 rounding" in production["cause"]
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+def test_exact_mode_is_bitwise_under_mixed_float16_with_one_loss_scale(tmp_path):
+    """The LossScaleOptimizer decides on the tree-summed gradients: one decision, the same bits at 1 and 2
+    devices. (Exact against production serial is not asserted: Adam turns float16 rounding of the first
+    steps' tiny biases into sign flips, a known limit of the tolerance, see the closing note of issue 23.)"""
+    code, stdout, stderr, report = check(tmp_path, MIXED_PRECISION, "--wrap", "--devices", "1,2", "--steps", "8",
+                                         "--mode", "exact", "--virtual-batches", "4", "--no-as-written",
+                                         "--", "--policy", "mixed_float16")
+    found = verdicts_of(report)
+    for name in ("serial vs 1 device", "serial vs 2 devices", "run-to-run (2 devices twice)"):
+        assert found[name]["verdict"] == "IDENTICAL", (found[name], stdout + stderr)
+    assert report["tolerance"]["compute_dtype"] == "float16"
