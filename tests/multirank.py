@@ -67,6 +67,13 @@ class RanksResult:
                 f"after {self.elapsed:.1f} s\n--- stdout ---\n{self.stdout}"
                 f"--- stderr ---\n{self.stderr}")
 
+    def assert_printed(self, checks, ranks) -> None:
+        """Every rank in `ranks` printed "OK <check>" for each of `checks` (the programs' convention)."""
+        for rank in ranks:
+            lines = self.rank_stdout.get(rank, "")
+            for check in checks:
+                assert f"OK {check}\n" in lines, f"rank {rank} missed {check!r}\n{self.describe()}"
+
     def check(self) -> "RanksResult":
         """Raise AssertionError with all output unless the job succeeded."""
         if self.returncode != 0:

@@ -252,24 +252,7 @@ class StageStep:
                 penalty)
 
     def _pass_clock(self):
-        """Note [A pipeline's micro-batches and the layers that look at the batch]
-Each forward pass runs the stage's layers on one micro-batch, inside the
-position of its samples in the global batch (tarantella/keras/batch_position.py):
-- random layers draw, for each sample, the values serial Keras draws for it
-  (Note [Random values by sample, not by rank]): every micro-batch's call starts
-  from the step's SeedGenerator states (serial_random.StepSeedStates), and the
-  step leaves them advanced once, as serial's;
-- BatchNormalization normalises each micro-batch with the statistics of that
-  micro-batch, as GPipe does (the layers after it cannot wait for the other
-  micro-batches without serialising the pipeline), taken over the same
-  micro-batch of every data-parallel replica of the stage (one allreduce in
-  the stage's group, Note [BatchNormalization over the global batch]; with
-  batch_norm="local" the replica's own); its moving statistics take one step
-  per micro-batch. So a pipelined model with BatchNormalization trains with
-  statistics of B/M samples where serial uses B: a difference of semantics,
-  documented, which tnt-repro names as the cause when it makes a run differ.
-
-Note [Pass times under op determinism]."""
+        """Note [Pass times under op determinism]."""
         if not tf_config.is_op_determinism_enabled():
             return tf.timestamp
         if self.record_pass_times or timeline.enabled():

@@ -10,36 +10,11 @@ micro-batch loss] in compiled_step.py). A step is one tf.function per rank:
 its stage's whole schedule with in-graph transfers, the replica allreduce and
 the optimizer update (compiled_step.py).
 
-Note [One model across the stages]
-Each stage's optimizer sees only its own gradients, but some of Keras's
-semantics are about the whole model. The earlier stages' layer losses
-(add_loss, regularizers; the last stage's are already in its loss through
-compute_loss) are part of the logged loss: each earlier stage sends their
-size-weighted sum to the last stage of its replica in the step's graph, one
-way, as soon as its last forward has run, so no stage waits for another's end
-of step. Only when the update needs the whole model do the stages of a
-replica meet at the end of the step: they allreduce the sum of squares of
-their (replica-summed) gradients, from which every stage computes the same
-global norm, so `global_clipnorm` (taken off the stage's optimizer at compile
-and applied here, unscaled under a LossScaleOptimizer) clips by the whole
-model's norm; and if any stage's gradients are not finite every stage's
-gradients are made NaN, so every stage's LossScaleOptimizer takes the same
-decision (skip the step and lower the scale) and their scales stay equal.
-Without either, a stage applies its update as soon as its own passes are done
-(the first stage's drain then overlaps the last stage's update).
-
-Note [The logs travel in the step]
-Keras hands every rank's callbacks the step's logs, and they must be the same
-on every rank (an EarlyStopping on each rank must stop all together). The
-last stage computes them in the step's graph from the metric states (summed
-over the replicas in its stage's group) and sends them, as a vector of
-LOG_SLOTS float64 values behind their count, to the other stages of its
-replica, which receive them in their own step; the values arrive after the
-last stage's last forward pass, well before the earlier stages end. Python
-then only names the values: the names are broadcast once per mode after
-compile (the first step). Logs the vector cannot carry (more than LOG_SLOTS
-values, or not scalars) are sent with a count of -1, and then every rank
-takes the Python broadcast of the last stage's logs (`_broadcast_logs`).
+The rest lives beside it: the whole model's weights across the stages
+(whole_model.py), what a step exchanges with the stage's replicas and the
+replica's other stages (step_collectives.py, Note [One model across the
+stages]), the step's logs (step_logs.py, Note [The logs travel in the step]),
+the input (data.py). This class is the Keras face that calls them.
 
 Only public Keras extension points: a keras.Model subclass overriding
 train/test/predict_step, get_metrics_result, fit/evaluate/predict (to build
@@ -57,11 +32,8 @@ import tensorflow as tf
 from tarantella import collectives, runtime
 from tarantella._repro import exact_train_step
 from tarantella.data import distributed_dataset, serial_order
-from tarantella.keras.blocking_allreduce import BlockingAllreduce
-from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras import batch_position, global_batch_norm, serial_random
 from tarantella.keras import callbacks as rank_callbacks
-from tarantella.keras.metric_reduction import graph_global_results, metric_variables, results_from_state
 from tarantella.pipeline import channels as peer_channels
 from tarantella.pipeline import data as pipeline_data
 from tarantella.pipeline import stage_state
@@ -69,8 +41,11 @@ from tarantella.pipeline.cut import choose_stages
 from tarantella.pipeline.partition import graph_of, partition
 from tarantella.pipeline.schedules import (FORWARD, Pass, check_micro_batches, deferred_schedule,
                                            schedule as make_schedule)
-from tarantella.pipeline.compiled_step import LAYER_LOSSES_TAG, LOGS_TAG, MicroBatchData, StageStep
+from tarantella.pipeline.compiled_step import MicroBatchData, StageStep
+from tarantella.pipeline.step_collectives import StepCollectives
+from tarantella.pipeline.step_logs import StepLogs
 from tarantella.pipeline.topology import place
+from tarantella.pipeline.whole_model import WholeModel
 
 try:
     from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
@@ -80,8 +55,6 @@ except ImportError:  # pragma: no cover - a Keras release that moved it
 __all__ = ["PipelinedModel"]
 
 logger = logging.getLogger("tarantella")
-
-LOG_SLOTS = 32   # scalar logs carried in the step (Note [The logs travel in the step])
 
 
 def default_micro_batches(num_stages: int) -> int:
@@ -134,29 +107,22 @@ class PipelinedModel(keras.Model):
         self.stage_model = self.partition.stages[placement.stage].model
         self.output_names = list(model.output_names)
         self._user = _Untracked(model)
-        self._check_same_partition()
-        self._broadcast_initial_weights()
-        self._release_other_stages()
-        self._stage_group = collectives.Group.world().split(placement.stage) if size > 1 else None
-        # The stages of this rank's replica: one decision per step for the whole model (Note [One model
-        # across the stages]).
-        self._pipeline_group = collectives.Group.world().split(placement.replica) if num_stages > 1 else None
-        self._pipeline_allreducer = None
+        self._whole = WholeModel(model, self.partition, placement)
+        self._whole.check_same_partition()
+        self._whole.broadcast_initial_weights()
+        self._whole.release_other_stages()
         self._global_clipnorm = None
         self._channels = peer_channels.open_channels() if num_stages > 1 else None
         self.runner = StageStep(self.partition, placement, self._channels)
+        self._collectives = StepCollectives(placement, self.runner)
         self.batch_norm = self.runner.batch_norm = batch_norm
         if placement.num_replicas > 1:  # BatchNormalization over the stage's replicas (compiled_step.py)
-            self.runner.statistics_allreduce = self._statistics_allreduce
-        self._statistics_allreducer = None
-        self._gradient_allreducer = None
+            self.runner.statistics_allreduce = self._collectives.statistics_allreduce
+        self._step_logs = StepLogs(placement, self.runner, self._collectives.stage_group)
         self._step_functions = {}
-        self._metric_allreducers = {}
         self._schedules = {}              # per mode: this stage's passes
         # The step's `start` argument (compiled_step.py StageStep.build); one tensor, not one per step.
         self._start = tf.constant(0, tf.int32)
-        self._log_keys, self._traced_log_keys = {}, {}   # per mode: the logs' names (Note [The logs travel in the step])
-        self._global_logs = None
         self.built = True
         if runtime.is_master_rank():
             logger.info("tarantella: pipeline of %d stages x %d replicas, %d micro-batches, %s schedule\n%s",
@@ -171,132 +137,26 @@ class PipelinedModel(keras.Model):
         released (they read as zeros); get_weights() and save() gather them from their stages."""
         return self._user.model
 
-    def _check_same_partition(self) -> None:
-        """Collective: every rank must cut the same model the same way (edge ids are message tags)."""
-        if runtime.get_size() == 1:
-            return
-        mine = [(e.source, e.target, e.shape, e.dtype) for e in self.partition.edges]
-        everyone = collectives.allgather_object(mine)
-        differ = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
-        if differ:
-            raise ValueError(f"tarantella: ranks {differ} cut the model differently from rank 0 "
-                             f"(rank 0: {everyone[0]}; rank {differ[0]}: {everyone[differ[0]]}); every rank must "
-                             f"build the same model with the same SplitLayers")
-
-    def _stage_variables(self, stage: int) -> list:
-        """Variables of `stage`, known on every rank: the weights of the layers the stage runs."""
-        names = set(self.partition.stages[stage].layer_names)
-        return [w for op in self._user.model.operations if op.name in names for w in getattr(op, "weights", [])]
-
-    def _owner_ranks(self) -> list[int]:
-        """Per variable of the whole model (in model.weights order): the rank of replica 0 holding it."""
-        owner = {id(v): s for s in range(self.placement.num_stages) for v in self._stage_variables(s)}
-        return [self.placement.rank_of(0, owner.get(id(v), 0)) for v in self._user.model.weights]
-
-    def _release_other_stages(self) -> None:
-        """Keep only this stage's weights (Note [Releasing a variable] in stage_state.py)."""
-        if self.placement.num_stages == 1:
-            return
-        mine = {id(v) for v in self._stage_variables(self.placement.stage)}
-        for variable in self._user.model.weights:
-            if id(variable) not in mine:
-                stage_state.release(variable)
-
-    def _broadcast_initial_weights(self) -> None:
-        """Collective: every rank starts from the master's weights (all ranks hold the whole model at this point)."""
-        if runtime.get_size() == 1:
-            return
-        model = self._user.model
-        model.set_weights([collectives.broadcast(np.array(w, copy=True), root=runtime.get_master_rank())
-                           for w in model.get_weights()])
-
     def sync_weights(self) -> list[np.ndarray]:
         """Collective: the whole model's current weights (every stage's), on every rank, as arrays."""
-        weights, owners, rank = self._user.model.weights, self._owner_ranks(), runtime.get_rank()
-        if runtime.get_size() == 1:
-            return [np.array(v.numpy()) for v in weights]
-        values = []
-        for variable, owner in zip(weights, owners):
-            buffer = (np.array(variable.numpy(), copy=True) if rank == owner
-                      else np.empty(tuple(variable.shape), variable.dtype))
-            values.append(collectives.broadcast(buffer, root=owner))
-        return values
+        return self._whole.sync_weights()
 
     def get_weights(self):
         """Collective: the whole model's weights, as the unpartitioned model's get_weights()."""
-        return self.sync_weights()
-
-    def _gather_on_master(self, with_optimizer: bool) -> list:
-        """Collective: the master's whole model (and, with_optimizer, the whole model's optimizer) get
-        every stage's current state; returns the variables given storage for it, to release after."""
-        model, master, rank = self._user.model, runtime.get_master_rank(), runtime.get_rank()
-        weights, owners = model.weights, self._owner_ranks()
-        keys = list(range(len(weights)))
-        specs = {k: (tuple(v.shape), v.dtype) for k, v in enumerate(weights)}
-        gathered = stage_state.gather_to_root({k: v.numpy() for k, v in enumerate(weights) if owners[k] == rank},
-                                              keys, specs, dict(enumerate(owners)), master, rank)
-        materialized = []
-        if rank == master:
-            for k, variable in enumerate(weights):
-                if stage_state.is_released(variable):
-                    materialized.append(variable)
-                stage_state.materialize(variable, gathered[k])
-        if with_optimizer and self.optimizer is not None:
-            materialized += self._gather_optimizer_on_master()
-        return materialized
-
-    def _gather_optimizer_on_master(self) -> list:
-        if not self.optimizer.built:
-            self.optimizer.build(self.stage_model.trainable_variables)
-        mine = stage_state.optimizer_state_by_name(self.optimizer)
-        infos = collectives.allgather_object({n: (tuple(v.shape), v.dtype) for n, v in mine.items()})
-        owner, specs = {}, {}
-        for r, info in enumerate(infos):       # replica 0's ranks come first
-            for name, spec in info.items():
-                owner.setdefault(name, r)
-                specs.setdefault(name, spec)
-        names = sorted(owner)
-        master, rank = runtime.get_master_rank(), runtime.get_rank()
-        gathered = stage_state.gather_to_root({n: v.numpy() for n, v in mine.items() if owner[n] == rank}, names,
-                                              specs, owner, master, rank)
-        if rank != master:
-            return []
-        whole = self._user.model.optimizer
-        if not whole.built:
-            whole.build(self._user.model.trainable_variables)
-        state = stage_state.optimizer_state_by_name(whole)
-        stage_state.assign_by_name(state, gathered)
-        return list(state.values())
-
-    def _save_gathered(self, write, with_optimizer: bool) -> None:
-        """Collective: the master writes the whole model with `write` (gather on save)."""
-        if runtime.get_size() == 1:
-            write()
-            return
-        materialized = self._gather_on_master(with_optimizer)
-        try:
-            if runtime.is_master_rank():
-                write()
-        finally:
-            for variable in materialized:
-                stage_state.release(variable)
-            collectives.barrier()
+        return self._whole.sync_weights()
 
     def save(self, filepath, overwrite=True, **kwargs):
         """Collective: the master writes the whole model, with the optimizer's state of every stage,
         as one standard `.keras` file (tarantella.pipeline.load_model resumes from it)."""
-        self._save_gathered(lambda: self._user.model.save(filepath, overwrite=overwrite, **kwargs), True)
+        self._whole.save_gathered(lambda: self._user.model.save(filepath, overwrite=overwrite, **kwargs),
+                                  self.optimizer, self.stage_model)
 
     def save_weights(self, filepath, overwrite=True, **kwargs):
-        self._save_gathered(lambda: self._user.model.save_weights(filepath, overwrite=overwrite, **kwargs), False)
+        self._whole.save_gathered(lambda: self._user.model.save_weights(filepath, overwrite=overwrite, **kwargs))
 
     def load_weights(self, filepath, *args, **kwargs):
         """Every rank reads the whole model's weights and keeps its stage's (scatter on load)."""
-        for variable in self._user.model.weights:
-            if stage_state.is_released(variable):
-                stage_state.materialize(variable, np.zeros(tuple(variable.shape), variable.dtype))
-        self._user.model.load_weights(filepath, *args, **kwargs)
-        self._release_other_stages()
+        self._whole.load_weights(filepath, *args, **kwargs)
 
     def adopt_optimizer_state(self, optimizer) -> None:
         """Take this stage's part of a whole model's optimizer state (a loaded `.keras` file's)."""
@@ -321,7 +181,7 @@ class PipelinedModel(keras.Model):
         whole_optimizer = self.optimizer.__class__.from_config(self.optimizer.get_config())
         self._user.model.compile(optimizer=whole_optimizer, loss=loss, metrics=metrics, **kwargs)
         self._step_functions = {}
-        self._log_keys, self._traced_log_keys = {}, {}
+        self._step_logs.forget_names()
         # Note [One model across the stages]: the norm for global_clipnorm is the whole model's.
         clipping = self._unscaled_optimizer()
         self._global_clipnorm = clipping.global_clipnorm if self.placement.num_stages > 1 else None
@@ -451,12 +311,13 @@ class PipelinedModel(keras.Model):
         variables = self.stage_model.trainable_variables
         if training:
             gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
-            gradients = self._sum_over_replicas(gradients)
+            gradients = self._collectives.sum_over_replicas(gradients)
         if mode != "predict":
-            tokens += self._add_layer_losses_of_earlier_stages(penalty, start)
-            if training and self._decides_across_stages():
-                gradients = self._decide_across_stages(gradients, start)
-            logs, sent_logs = self._logs_in_graph(mode, start)
+            tokens += self._collectives.add_layer_losses_of_earlier_stages(penalty, start, self.loss_tracker)
+            if training and self._collectives.decides_across_stages(self.optimizer, self._global_clipnorm):
+                gradients = self._collectives.decide_across_stages(gradients, start, self.optimizer,
+                                                                   self._global_clipnorm)
+            logs, sent_logs = self._step_logs.in_graph(mode, start, self.metrics)
             result["logs"] = logs
             tokens += sent_logs
         result["sent"] = tf.add_n(tokens) if tokens else tf.constant(0)
@@ -477,10 +338,10 @@ class PipelinedModel(keras.Model):
         return result
 
     def train_step(self, data):
-        return self._publish_logs(self._run(data, "train"), "train")
+        return self._step_logs.publish(self._run(data, "train")["logs"], "train", self.metrics)
 
     def test_step(self, data):
-        return self._publish_logs(self._run(data, "test"), "test")
+        return self._step_logs.publish(self._run(data, "test")["logs"], "test", self.metrics)
 
     def predict_step(self, data):
         if distributed_dataset.is_distributed_element(data):
@@ -500,145 +361,22 @@ class PipelinedModel(keras.Model):
                 for i in range(len(keras.tree.flatten(self._user.model.output)))]
         return keras.tree.pack_sequence_as(self._user.model.output, flat)
 
-    def _add_layer_losses_of_earlier_stages(self, penalty, start) -> list:
-        """Traced (Note [One model across the stages]): each earlier stage sends the size-weighted sum of its
-        layers' losses to the last stage of its replica, which adds them to the logged loss. One way, and
-        available after the earlier stage's last forward: no stage waits for another's end of step.
-        Returns the send tokens."""
-        if self._pipeline_group is None:
-            return []
-        last = self.placement.num_stages - 1
-        if not self.placement.is_last_stage:
-            # `start` keeps the value from being a constant (graph optimisation must not run a transfer).
-            value = tf.cast(penalty, tf.float64) + tf.cast(start, tf.float64) * 0.0
-            return [self.runner.send_control(value, last, LAYER_LOSSES_TAG)]
-        received = [self.runner.receive_control(start, (), tf.float64, s, LAYER_LOSSES_TAG) for s in range(last)]
-        total = self.loss_tracker.total
-        total.assign_add(tf.cast(tf.add_n(received), total.dtype))
-        return []
+    @property
+    def _gradient_allreducer(self):
+        """The stage's gradient reducer over its replicas (None before the first train step or with one
+        replica): what the benchmarks read the buckets' times from."""
+        return self._collectives.gradient_allreducer
 
-    def _decides_across_stages(self) -> bool:
-        """Whether the update needs the whole model's gradients' norm (global_clipnorm) or its finiteness
-        (a LossScaleOptimizer's one decision): then the stages of a replica meet at the end of the step."""
-        return self._pipeline_group is not None and bool(
-            self._global_clipnorm or hasattr(self.optimizer, "inner_optimizer"))
-
-    def _decide_across_stages(self, gradients, start):
-        """Traced, collective over the replica's stages (Note [One model across the stages]): the gradients
-        get the whole model's global_clipnorm and, under a LossScaleOptimizer, its one decision to skip the step."""
-        squares = tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float64))) for g in gradients]) if gradients \
-            else tf.constant(0.0, tf.float64)
-        # `start` (a function argument) keeps the value from being a constant: graph optimisation would fold a
-        # constant-input start op instead of running it every step.
-        local = tf.reshape(squares + tf.cast(start, tf.float64) * 0.0, [1])
-        if self._pipeline_allreducer is None:
-            self._pipeline_allreducer = GraphAllreducer([local.shape], [local.dtype], group=self._pipeline_group)
-        total_squares = self._pipeline_allreducer([local])[0][0]
-        if not gradients:
-            return gradients
-        if self._global_clipnorm:
-            norm = tf.sqrt(total_squares)
-            if hasattr(self.optimizer, "inner_optimizer"):
-                norm = norm / tf.cast(self.optimizer.scale_loss(tf.constant(1.0)), tf.float64)
-            clip = tf.constant(self._global_clipnorm, tf.float64)
-            # As Keras's clip_by_global_norm: scale by clip / max(norm, clip); NaN if the norm is not finite.
-            factor = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
-            gradients = [g * tf.cast(factor, g.dtype) for g in gradients]
-        if hasattr(self.optimizer, "inner_optimizer"):
-            # Every stage's LossScaleOptimizer sees non-finite gradients if any stage has them.
-            poison = tf.where(tf.math.is_finite(total_squares), 0.0, float("nan"))
-            gradients = [g + tf.cast(poison, g.dtype) for g in gradients]
-        return gradients
-
-    def _statistics_allreduce(self, tensor):
-        """The sum over this stage's replicas of a small tensor a layer needs at once (BatchNormalization's
-        statistics); the allreducer is made collectively in the stage's group when first traced."""
-        if self._statistics_allreducer is None:
-            self._statistics_allreducer = BlockingAllreduce(group=self._stage_group)
-        return self._statistics_allreducer(tensor)
-
-    def _sum_over_replicas(self, gradients):
-        """Traced: the sum over the stage's replicas, through the fused reducer's graph ops."""
-        if self.placement.num_replicas == 1 or not gradients:
-            return gradients
-        if self._gradient_allreducer is None:
-            # Registered in backprop order (the reverse of the variables), as data parallelism does.
-            backward = gradients[::-1]
-            self._gradient_allreducer = GraphAllreducer([g.shape for g in backward], [g.dtype for g in backward],
-                                                        group=self._stage_group)
-        return self._gradient_allreducer(gradients[::-1])[::-1]
-
-    # --- logs ------------------------------------------------------------------------------
-
-    def _logs_in_graph(self, mode: str, start):
-        """Traced (Note [The logs travel in the step]): the step's logs as a float64 vector on every stage of
-        the replica, and the tokens of the last stage's sends."""
-        last = self.placement.num_stages - 1
-        if not self.placement.is_last_stage:
-            return self.runner.receive_control(start, (LOG_SLOTS + 1,), tf.float64, last, LOGS_TAG), []
-        results = graph_global_results(self.metrics, self._metric_allreducer)
-        keys = list(results)
-        values = [tf.convert_to_tensor(results[k]) for k in keys]
-        if len(keys) <= LOG_SLOTS and all(v.shape.rank == 0 and (v.dtype.is_floating or v.dtype.is_integer)
-                                          for v in values):
-            self._traced_log_keys[mode] = keys
-            vector = tf.concat([tf.constant([len(keys)], tf.float64), tf.stack([tf.cast(v, tf.float64) for v in values])
-                                if values else tf.zeros([0], tf.float64), tf.zeros([LOG_SLOTS - len(keys)], tf.float64)], 0)
-        else:
-            self._traced_log_keys[mode] = None
-            vector = tf.concat([[-1.0], tf.zeros([LOG_SLOTS], tf.float64)], 0)
-        vector = vector + tf.cast(start, tf.float64) * 0.0   # not a constant (as in _add_layer_losses_...)
-        sends = [self.runner.send_control(vector, s, LOGS_TAG) for s in range(last)]
-        return vector, sends
-
-    def _metric_allreducer(self, tensors):
-        """The sum of the last stages' metric states over the replicas (in the stage's group)."""
-        if self.placement.num_replicas == 1:
-            return lambda values: values
-        key = tuple((tuple(t.shape), t.dtype) for t in tensors)
-        if key not in self._metric_allreducers:
-            self._metric_allreducers[key] = GraphAllreducer([t.shape for t in tensors], [t.dtype for t in tensors],
-                                                            group=self._stage_group)
-        return self._metric_allreducers[key]
-
-    def _publish_logs(self, result, mode: str) -> dict:
-        """The step's logs, the same on every rank (Note [The logs travel in the step]); collective the first
-        time after compile per mode (the logs' names), and whenever the logs do not fit the vector."""
-        vector = np.asarray(result["logs"])
-        if mode not in self._log_keys:
-            keys = self._traced_log_keys.get(mode) if self.placement.is_last_stage else None
-            if runtime.get_size() > 1:
-                keys = collectives.broadcast_object(keys, root=self.placement.rank_of(0, self.placement.num_stages - 1))
-            self._log_keys[mode] = keys
-        keys = self._log_keys[mode]
-        if vector[0] >= 0 and keys is not None:
-            logs = {k: float(v) for k, v in zip(keys, vector[1:1 + int(vector[0])])}
-        else:
-            logs = self._broadcast_logs()
-        self._global_logs = logs
-        return dict(logs)
-
-    def _broadcast_logs(self) -> dict:
-        """Collective: the last stage's logs, as Python objects (logs the vector cannot carry)."""
-        logs = None
-        if self.placement.is_last_stage:
-            values = [np.asarray(v.numpy()) for v in metric_variables(self.metrics)]
-            if self.placement.num_replicas > 1:
-                values = [collectives.allreduce(v, group=self._stage_group) if v.size else v for v in values]
-            results = results_from_state(self.metrics, [tf.convert_to_tensor(v) for v in values])
-            logs = {k: float(v) if np.ndim(v) == 0 else np.asarray(v) for k, v in results.items()}
-        if runtime.get_size() > 1:
-            logs = collectives.broadcast_object(logs, root=self.placement.rank_of(0, self.placement.num_stages - 1))
-        return logs
+    # --- logs --------------------------------------------------------------------------------
 
     def get_metrics_result(self):
-        if self._global_logs is None:
+        if self._step_logs.latest is None:
             return super().get_metrics_result()
-        return dict(self._global_logs)
+        return dict(self._step_logs.latest)
 
     def reset_metrics(self):
         super().reset_metrics()
-        self._global_logs = None
+        self._step_logs.latest = None
 
     # --- fit / evaluate / predict ------------------------------------------------------------
 

@@ -19,10 +19,7 @@ CHECKS = ["count mismatch via shared_memory", "count mismatch via ring", "count 
 def test_errors_reach_every_rank_and_timeouts_name_the_missing_rank(ranks):
     result = run_ranks(ranks, PROGRAM, timeout=100, env={"TNT_TIMEOUT_SECONDS": "3"})
     assert result.returncode == 7, result.describe()
-    for rank in range(ranks):
-        lines = result.rank_stdout.get(rank, "")
-        for check in CHECKS:
-            assert f"OK {check}\n" in lines, f"rank {rank} missed {check!r}\n{result.describe()}"
+    result.assert_printed(CHECKS, range(ranks))
     for rank in range(ranks - 1):
         assert re.search(rf"TIMEOUT .*timed out after \d+ s waiting for rank {ranks - 1}\b",
                          result.rank_stdout.get(rank, "")), result.describe()

@@ -15,9 +15,7 @@ CHECKS = ["out of order sizes 0..4MiB", "many in flight", "size mismatch", "done
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_transfers_arrive_intact_and_a_missing_sender_is_named(ranks):
     result = run_ranks(ranks, PROGRAM, timeout=100, env={"TNT_TIMEOUT_SECONDS": "3"}).check()
-    for rank in range(ranks):
-        for check in CHECKS:
-            assert f"OK {check}\n" in result.rank_stdout.get(rank, ""), f"rank {rank}: {check}\n{result.describe()}"
+    result.assert_printed(CHECKS, range(ranks))
     for rank in range(0, ranks, 2):
         assert re.search(rf"TIMEOUT receive of 12 bytes from rank {rank + 1} with tag 99 timed out after \d+ s",
                          result.rank_stdout[rank]), result.describe()

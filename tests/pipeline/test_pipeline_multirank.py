@@ -18,9 +18,7 @@ TRAINING_CHECKS = [f"{name} {check}" for name in ("1f1b", "1f1b with deferred we
 
 
 def check_all_ranks(result, ranks, checks):
-    for rank in range(ranks):
-        for check in checks:
-            assert f"OK {check}\n" in result.rank_stdout.get(rank, ""), f"rank {rank}: {check}\n{result.describe()}"
+    result.assert_printed(checks, range(ranks))
 
 
 @pytest.mark.multirank
