@@ -20,7 +20,7 @@ sample keeps its values and the calibration stays a pure reassociation, as
 the distributed run under serial semantics is. A model that still treats
 samples by position (its own stateful random ops, a layer reading the row
 index) makes the difference too large to be rounding; the harness notices and
-says so (repro/tolerance.py, ORDER_SENSITIVE_LIMIT).
+says so (repro/tolerance.py, Note [Derived tolerance]).
 
 Note [Calibrating low precision]
 Under a mixed-precision policy a reversal alone does not reassociate what the
@@ -46,12 +46,14 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from repro import precision
+from tarantella._repro import hook
 from tarantella.data import distributed_dataset
 
-__all__ = ["MODES", "SPLIT_NOTE", "check_supported", "reverse_batch", "rows_of", "computes_in_low_precision", "split_train_step"]
+__all__ = ["MODES", "SPLIT_NOTE", "check_supported", "reverse_batch", "rows_of", "computes_in_low_precision",
+           "split_train_step"]
 
-_LOW_PRECISION = ("float16", "bfloat16")
-SPLIT_NOTE = "calibration_split_gradients"  # the record's note that the calibration split (tolerance.py reads it)
+SPLIT_NOTE = "calibration_split_gradients"  # the record's note that the calibration split (check.py reads it)
 
 MODES = ("reverse",)
 
@@ -83,8 +85,8 @@ def rows_of(data):
 
 def computes_in_low_precision(model) -> bool:
     """Whether a layer with weights computes in a 16-bit float (Note [Calibrating low precision])."""
-    return any(str(getattr(layer, "compute_dtype", "")) in _LOW_PRECISION
-               for layer in model._flatten_layers() if layer.weights)
+    lowest = precision.lowest(hook.compute_dtypes(model))
+    return precision.unit_roundoff(lowest) > precision.unit_roundoff(precision.FLOAT32)
 
 
 def split_train_step(model, data, parts: int = 2):

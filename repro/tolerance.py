@@ -44,9 +44,9 @@ the report says why.
 Note [Tolerance cap]
 The tolerance never exceeds the cap, sqrt(u) of the compute dtype (float32: CAP = 2**-12,
 ~2.4e-4; bfloat16: 2**-4; repro/precision.py), relative to the largest weight of a
-variable, whatever the calibration measured and however many steps ran (the floor s * u
-alone reaches it after 256 steps in float32, at the first step in bfloat16). At that size half of float32's 24 significand bits of
-the largest weight differ: rounding in a stable training stays far below (the project's
+variable, whatever the calibration measured and however many steps ran (in float32 the floor
+s * u alone reaches it after 256 steps). At that size half of the compute dtype's significand
+bits of the largest weight differ (in float32, 12 of 24): rounding in a stable training stays far below (the project's
 examples: 3.8e-7 and 5.2e-7 after 30 steps), while real bugs are of that size (the planted
 unseeded noise source: 6e-4 at its first step). A tolerance wider than the cap could not tell
 the two apart. A calibration whose derived tolerance would exceed the cap (a training that
@@ -58,19 +58,17 @@ itself as the failing verdict CALIBRATION_EXCEEDS_CAP, naming the step where it 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
 from repro import precision
 from repro.compare import Differences
 
-__all__ = ["UNIT_ROUNDOFF", "SPREAD", "SPLIT_SPREAD", "ORDER_SENSITIVE_LIMIT", "CAP", "Tolerance", "derive"]
+__all__ = ["UNIT_ROUNDOFF", "SPREAD", "SPLIT_SPREAD", "CAP", "Tolerance", "derive"]
 
 UNIT_ROUNDOFF = precision.unit_roundoff(precision.FLOAT32)  # 2**-24
 SPREAD = 16.0
 SPLIT_SPREAD = 4.0   # when the calibration split the gradients as the ranks do (Note [Calibrating low precision])
-ORDER_SENSITIVE_LIMIT = math.sqrt(UNIT_ROUNDOFF)      # ~2.4e-4 (float32's; precision.py gives each dtype's)
 CAP = precision.cap(precision.FLOAT32)                # 2**-12: float32's (Note [Tolerance cap])
 
 
@@ -105,7 +103,7 @@ class Tolerance:
                 "unit_roundoff": precision.unit_roundoff(self.compute_dtype), "cap": self.cap,
                 "exceeded_cap_at": self.exceeded_cap_at, "uncapped_maximum": self.uncapped_maximum,
                 "order_sensitive": self.order_sensitive,
-                "order_sensitive_limit": math.sqrt(precision.unit_roundoff(self.compute_dtype)),
+                "order_sensitive_limit": self.cap,  # both sqrt(u) (Note [Tolerance from the compute dtype])
                 "calibration_envelope": self.calibration_envelope.tolist(),
                 "weight_tolerance": self.weights.tolist(), "loss_tolerance": self.losses.tolist()}
 
@@ -125,7 +123,7 @@ def derive(calibration: Differences, compute_dtype: str = precision.FLOAT32, spl
     # (Note [Tolerance from the compute dtype])
     floor = np.maximum(steps * UNIT_ROUNDOFF, np.minimum(steps, 1) * precision.COMPUTE_FLOOR * u / spread)
     per_step = calibration.weights.max(axis=1) if calibration.weights.size else np.zeros(len(steps))
-    weight_limit = math.sqrt(u)
+    weight_limit = cap  # sqrt(u): what one step of reassociation cannot reach
     first_loss = float(calibration.losses[1]) if calibration.steps >= 1 else 0.0
     moved_weights = calibration.steps >= 1 and float(per_step[1]) > weight_limit
     moved_loss = first_loss == first_loss and first_loss > precision.LOSS_ORDER_LIMIT

@@ -28,8 +28,8 @@ from repro.compare import differences, ranks_disagree, scope
 from repro.records import Record
 from repro.tolerance import Tolerance
 
-__all__ = ["PASSING", "NOT_COMPARED", "WRAP_FIX", "ghost_batches_not_compared", "layer_of", "equivalence", "run_to_run", "as_written", "failed_run",
-           "not_distributed", "calibration_exceeds_cap"]
+__all__ = ["PASSING", "NOT_COMPARED", "WRAP_FIX", "ghost_batches_not_compared", "layer_of", "equivalence",
+           "run_to_run", "as_written", "failed_run", "not_distributed", "calibration_exceeds_cap"]
 
 WRAP_FIX = ("wrap the model for training: `import tarantella as tnt` and `model = tnt.Model(model)` before "
             "compile/fit; or check the script unmodified with `tnt-repro check --wrap ...`, which trains its "

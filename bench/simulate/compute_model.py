@@ -31,6 +31,7 @@ the simulated precision.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from bench.simulate.cluster_profile import ClusterProfile
 
@@ -68,7 +69,8 @@ def _measured_step(profile: dict, cluster: ClusterProfile, micro_batch: int, cor
     return fixed + variable
 
 
-def _measuring_machine() -> ClusterProfile:
+@functools.lru_cache(maxsize=None)
+def _measuring_machine() -> ClusterProfile:  # read once, not per simulated device count
     from bench.simulate.cluster_profile import load_cluster_profile
     return load_cluster_profile("this_machine")
 

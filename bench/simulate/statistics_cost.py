@@ -20,7 +20,8 @@ __all__ = ["table"]
 def table(profile: dict, cluster_name: str, device_counts: list[int]) -> str:
     cluster = load_cluster_profile(cluster_name)
     micro = int(profile["micro_batch"])
-    lines = [f"| devices | local (s/step) | global (s/step) | global / local | statistics allreduces | their time (s) |",
+    lines = ["| devices | local (s/step) | global (s/step) | global / local | statistics allreduces "
+             "| their time (s) |",
              "|---|---|---|---|---|---|"]
     for devices in device_counts:
         local = predict_step(profile, cluster, micro, devices, global_batch_norm=False)

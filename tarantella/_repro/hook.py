@@ -35,8 +35,8 @@ import numpy as np
 from tarantella._repro import reductions, weights as weight_records
 from tarantella.keras import serial_random
 
-__all__ = ["note", "RECORD_VARIABLE", "REFERENCE_VARIABLE", "STORE_WEIGHTS_VARIABLE", "MAX_STEPS_VARIABLE",
-           "MAX_EPOCHS_VARIABLE", "extra_callbacks", "make_recorder", "rank_from_environment",
+__all__ = ["note", "compute_dtypes", "RECORD_VARIABLE", "REFERENCE_VARIABLE", "STORE_WEIGHTS_VARIABLE",
+           "MAX_STEPS_VARIABLE", "MAX_EPOCHS_VARIABLE", "extra_callbacks", "make_recorder", "rank_from_environment",
            "world_size_from_environment"]
 
 RECORD_VARIABLE = "TNT_REPRO_RECORD"
@@ -169,7 +169,7 @@ def make_recorder(directory: str, reference: str | None = None, store_weights: b
                         "strategy": reductions.strategy_of(self.model),
                         "batch_norm": getattr(self.model, "batch_norm", None),
                         "batch_norm_layers": _batch_norm_layers(self.model),
-                        "compute_dtypes": _compute_dtypes(self.model),
+                        "compute_dtypes": compute_dtypes(self.model),
                         "notes": dict(_notes),
                         "unmatched_random_ops": serial_random.unmatched(),
                         "gradient_reductions": self.steps[-1]["reductions"] if self.steps else None,
@@ -183,7 +183,7 @@ def make_recorder(directory: str, reference: str | None = None, store_weights: b
     return Recorder()
 
 
-def _compute_dtypes(model) -> list[str]:
+def compute_dtypes(model) -> list[str]:
     """The compute dtypes of the layers with weights (their dtype policies'); the checker takes the tolerance
     from the least precise (Note [Tolerance from the compute dtype] in repro/precision.py)."""
     model = getattr(model, "whole_model", model)
