@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import socket
 import sys
 import threading
 import traceback
@@ -81,7 +82,8 @@ def _abort_job_on_uncaught_exception() -> None:
 
     def abort_on_exception(kind, value, trace):
         rank = _state["world"].rank
-        sys.stderr.write(f"[tarantella rank {rank}] uncaught exception; ending the job on all ranks:\n")
+        sys.stderr.write(f"[tarantella rank {rank} on {socket.gethostname()}] uncaught exception; "
+                         "ending the job on all ranks:\n")
         sys.stderr.write("".join(traceback.format_exception(kind, value, trace)))
         sys.stderr.flush()
         if previous is not sys.__excepthook__:

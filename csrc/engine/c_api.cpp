@@ -54,6 +54,14 @@ int tnt_reducer_deliver(int reducer, size_t tensor, void* out, size_t bytes, tnt
   }
 }
 
+void tnt_reducer_cancel_step(int reducer) {
+  try {
+    tnt::Engine::get().reducer(reducer)->cancel_step();
+  } catch (const std::exception&) {
+    // A reducer already removed has nothing left to cancel.
+  }
+}
+
 int tnt_reducer_reductions_completed(int reducer, unsigned long long* count, char* error, size_t error_size) {
   try {
     *count = tnt::Engine::get().reducer(reducer)->reductions_completed();

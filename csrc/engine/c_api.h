@@ -22,6 +22,10 @@ int tnt_reducer_ready(int reducer, size_t tensor, const void* data, size_t bytes
 int tnt_reducer_deliver(int reducer, size_t tensor, void* out, size_t bytes, tnt_done_fn done, void* context,
                         char* error, size_t error_size);
 
+/* A step was cancelled partway on this rank: fail the reducer and everything awaited from it at once
+ * (Note [A cancelled step fails the reducer] in fused_reducer.hpp). Does nothing if it is gone. */
+void tnt_reducer_cancel_step(int reducer);
+
 /* The number of bucket allreduces the reducer completed since it was made. */
 int tnt_reducer_reductions_completed(int reducer, unsigned long long* count, char* error, size_t error_size);
 
@@ -33,7 +37,7 @@ int tnt_graph_allreduce_sum(int allreducer, const void* in, void* out, size_t co
 /* The version of this interface. The op library compiles TNT_ENGINE_ABI_VERSION
  * in and compares it with what the loaded engine's tnt_engine_abi_version()
  * returns; raise it with every change of this file's functions. */
-#define TNT_ENGINE_ABI_VERSION 2
+#define TNT_ENGINE_ABI_VERSION 3
 int tnt_engine_abi_version(void);
 
 #ifdef __cplusplus

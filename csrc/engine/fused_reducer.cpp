@@ -114,6 +114,13 @@ void FusedReducer::abandon() {
   fail_with(std::make_exception_ptr(UsageError(text)), text);
 }
 
+// See Note [A cancelled step fails the reducer].
+void FusedReducer::cancel_step() {
+  const char* text = "a training step was cancelled partway on this rank (an op of it failed); "
+                     "the ranks' steps no longer match, so this reducer cannot be used again";
+  fail_with(std::make_exception_ptr(UsageError(text)), text);
+}
+
 FusedReducer::~FusedReducer() {
   abandon();
   if (allreducer_->group().failed()) {

@@ -79,6 +79,17 @@
 //                    the progress thread and fail every result still awaited
 //                    (a pending TensorFlow FinishAllreduce gets an error, it
 //                    is never left waiting); nothing collective.
+//
+// Note [A cancelled step fails the reducer]
+// When an op of a step fails, TensorFlow cancels the step's pending ops; a
+// FinishAllreduce then calls cancel_step() and finishes at once instead of
+// waiting (until the timeout) for buckets whose other gradients will never
+// come. The step stopped partway: some of its tensors were handed in, others
+// not, and the other ranks may be inside the bucket allreduces this rank will
+// not join. No later step can be matched with theirs, so the reducer fails:
+// every awaited result gets the error at once, and any later use says why.
+// The job ends through the failed op's error (one rank's uncaught exception
+// ends all ranks).
 #pragma once
 
 #include <atomic>
@@ -159,6 +170,9 @@ class FusedReducer {
   // Local: what the destructor does, for a reducer that others may still
   // hold for a moment (Engine::remove_reducer). Idempotent.
   void abandon();
+  // Local, any thread, never blocks: a step failed on this rank partway
+  // (Note [A cancelled step fails the reducer]).
+  void cancel_step();
 
  private:
   enum class State { filling, queued, reducing, reduced };

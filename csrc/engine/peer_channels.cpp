@@ -35,6 +35,8 @@ std::string Transfer::describe(const ProcessGroup& group) const {
          (kind_ == Kind::send ? "to " : "from ") + group.describe_ranks({peer_}) + " with tag " + std::to_string(tag_);
 }
 
+const char* const PeerChannels::kCancelled = "cancelled: the step that posted it failed on this rank";
+
 int PeerChannels::max_tag() {
   void* value = nullptr;
   int flag = 0;
@@ -131,6 +133,7 @@ void PeerChannels::progress_loop() {
         active_.push_back(std::move(transfer));
         requests_.push_back(active_.back()->request_);
       }
+      withdraw_cancelled();
       if (active_.empty()) continue;
       int count = 0;
       indices.resize(requests_.size());
@@ -208,6 +211,12 @@ void PeerChannels::post(Transfer& transfer) {
 
 void PeerChannels::complete(std::size_t index, const MPI_Status& status) {
   Transfer& transfer = *active_[index];
+  int cancelled = 0;
+  MPI_Test_cancelled(&status, &cancelled);
+  if (cancelled) {
+    finish(transfer, Transfer::State::failed, transfer.describe(*group_) + ": " + kCancelled);
+    return;
+  }
   if (status.MPI_ERROR != MPI_SUCCESS) {
     int error_class = 0;
     MPI_Error_class(status.MPI_ERROR, &error_class);
@@ -246,9 +255,41 @@ void PeerChannels::finish(Transfer& transfer, Transfer::State state, const std::
   for (Callback& callback : callbacks) callback(error);
 }
 
+// See Note [Cancelled transfers are withdrawn].
+void PeerChannels::cancel(const TransferPtr& transfer) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (transfer->cancelled_ ||
+        (transfer->state_ != Transfer::State::queued && transfer->state_ != Transfer::State::active)) {
+      return;
+    }
+    transfer->cancelled_ = true;
+    cancelling_.push_back(transfer);
+  }
+  work_.notify_one();
+}
+
+void PeerChannels::withdraw_cancelled() {
+  std::vector<TransferPtr> cancelling;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancelling.swap(cancelling_);
+  }
+  for (const TransferPtr& transfer : cancelling) {
+    for (std::size_t i = 0; i < active_.size(); ++i) {
+      // Its request is completed (cancelled or not) by the next MPI_Testsome.
+      if (active_[i] == transfer && requests_[i] != MPI_REQUEST_NULL) TNT_MPI(MPI_Cancel(&requests_[i]));
+    }
+  }
+}
+
 // See Note [Transfers expire on the progress thread].
 void PeerChannels::expire_overdue() {
   for (const TransferPtr& transfer : active_) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (transfer->cancelled_) continue;  // Note [Cancelled transfers are withdrawn]
+    }
     const Deadline deadline = deadline_of(*transfer);
     if (deadline.passed()) throw deadline.timeout_error(transfer->describe(*group_), group_->describe_ranks({transfer->peer_}));
   }

@@ -61,6 +61,19 @@
 // waited the group's timeout since it was queued the channels fail with a
 // timeout naming the peer and tag (as wait() would): a lost peer ends the
 // job instead of hanging it.
+//
+// Note [Cancelled transfers are withdrawn]
+// A step that fails on this rank leaves transfers nobody will wait for: the
+// receives posted ahead for later passes, and sends whose peer is waiting on
+// this rank for something else first. TensorFlow cancels the step's pending
+// ops; the transfer ops then cancel() their transfers (csrc/tf/p2p_ops.cc)
+// and finish at once. The progress thread withdraws each from MPI
+// (MPI_Cancel): a receive not yet matched is taken back and completes as
+// failed with kCancelled; a send may be on its way already (MPI may refuse to
+// take sends back, Open MPI's ob1 does) and then completes as usual when the
+// peer takes it. Either way its callbacks run once, as for any transfer, and
+// a cancelled transfer never expires (it is nobody's wait; the channels stay
+// usable): the job ends through the op's error, not through this timeout.
 #pragma once
 
 #include <mpi.h>
@@ -107,6 +120,7 @@ class Transfer {
   State state_ = State::queued;       // guarded by PeerChannels::mutex_
   std::string error_;                 // guarded by mutex_; set with State::failed
   bool timed_out_ = false;            // guarded by mutex_; error_ is a timeout
+  bool cancelled_ = false;            // guarded by mutex_; Note [Cancelled transfers are withdrawn]
   std::chrono::steady_clock::time_point queued_at_;  // Note [Transfers expire on the progress thread]
   std::vector<std::function<void(const std::string&)>> callbacks_;  // guarded by mutex_
 };
@@ -133,6 +147,11 @@ class PeerChannels {
   void when_done(const TransferPtr& transfer, Callback callback);
   // Blocks until the transfer is done, under the group's timeout.
   void wait(const TransferPtr& transfer);
+  // Withdraws a transfer nobody will wait for (Note [Cancelled transfers are withdrawn]); its callbacks
+  // still run once. Does nothing if it is over.
+  void cancel(const TransferPtr& transfer);
+  // The error text of a transfer that cancel() withdrew.
+  static const char* const kCancelled;
 
   int rank() const { return group_->rank(); }
   // Process-wide id for the TensorFlow face (c_api_channels.h), which names channels by it.
@@ -156,6 +175,7 @@ class PeerChannels {
   // The transfer's timeout, counted from when it was queued.
   Deadline deadline_of(const Transfer& transfer) const;
   void expire_overdue();
+  void withdraw_cancelled();  // progress thread: MPI_Cancel what cancel() asked for
 
   std::unique_ptr<ProcessGroup> group_;  // own duplicate (Note [One communicator per user])
   int id_ = 0;                           // in the registry from construction to destruction
@@ -164,6 +184,7 @@ class PeerChannels {
   std::condition_variable work_;     // the progress thread sleeps here while idle
   std::condition_variable finished_; // blocking wait() sleeps here
   std::deque<TransferPtr> queued_;   // guarded by mutex_; posted, not yet polled by the progress thread
+  std::vector<TransferPtr> cancelling_;  // guarded by mutex_; cancel()ed, not yet withdrawn from MPI
   bool stopping_ = false;            // guarded by mutex_
   std::string error_;                // guarded by mutex_; an MPI failure ends the channels
   std::size_t active_count_ = 0;     // guarded by mutex_; size of active_ for in_flight()

@@ -56,6 +56,7 @@ class TransferHandle {
     done_ = channels().test(transfer_);
     return done_;
   }
+  void cancel() { channels().cancel(transfer_); }
   py::object buffer() const { return buffer_; }
   int peer() const { return transfer_->peer(); }
   int tag() const { return transfer_->tag(); }
@@ -117,6 +118,9 @@ class Channels {
 void bind_peer_channels(py::module_& m) {
   py::class_<TransferHandle>(m, "Transfer")
       .def("wait", &TransferHandle::wait, "Block (GIL released) until done; TimeoutError names the peer.")
+      .def("cancel", &TransferHandle::cancel,
+           "Withdraw the transfer (Note [Cancelled transfers are withdrawn]); wait() then raises unless MPI "
+           "could not take it back.")
       .def_property_readonly("done", &TransferHandle::done)
       .def_property_readonly("buffer", &TransferHandle::buffer)
       .def_property_readonly("peer", &TransferHandle::peer)

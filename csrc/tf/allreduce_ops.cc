@@ -18,10 +18,11 @@
 // tf.function's creation-order chain of stateful ops, so that each is ordered
 // by its data alone (Note [Start and finish ops are not chained] in
 // tarantella/keras/graph_allreduce.py).
-#include <cstring>
+#include <memory>
 #include <string>
 
 #include "c_api.h"
+#include "pending_op.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -128,39 +129,25 @@ class FinishAllreduce : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
     Tensor* reduced = nullptr;
     OP_REQUIRES_OK_ASYNC(context, context->allocate_output(0, shape_, &reduced), done);
-    // Owned by the engine's callback from here on; it frees itself once it has run.
-    auto* pending = new Pending{context, std::move(done)};
+    const Tensor out = *reduced;  // the context may be gone once a cancellation finished the op
+    auto op = std::make_shared<PendingOp>(
+        context, std::move(done), "gradient " + std::to_string(tensor_) + " of reducer " + std::to_string(reducer_),
+        out);
+    const int reducer = reducer_;
+    // Note [A cancelled step fails the reducer] in csrc/engine/fused_reducer.hpp.
+    if (!PendingOp::watch(op, [reducer] { tnt_reducer_cancel_step(reducer); })) return;
     char error[kErrorSize] = {0};
+    void* engine_context = PendingOp::engine_context(op);
     const int failed = tnt_reducer_deliver(reducer_, static_cast<size_t>(tensor_),
-                                           const_cast<char*>(reduced->tensor_data().data()), reduced->TotalBytes(),
-                                           &Pending::finish, pending, error, sizeof error);
+                                           const_cast<char*>(out.tensor_data().data()), out.TotalBytes(),
+                                           &PendingOp::engine_done, engine_context, error, sizeof error);
     if (failed) {
-      DoneCallback callback = std::move(pending->done);
-      delete pending;
-      context->SetStatus(::tensorflow::errors::Internal("tarantella: gradient ", tensor_, " of reducer ", reducer_,
-                                                         " could not be collected: ", error));
-      callback();
+      PendingOp::release(engine_context);
+      op->finish(::tensorflow::errors::Internal("tarantella: ", op->what(), " could not be collected: ", error), true);
     }
   }
 
  private:
-  struct Pending {
-    OpKernelContext* context;
-    DoneCallback done;
-
-    // Runs on the engine's progress thread, or at once on the calling thread.
-    static void finish(void* self, const char* error) {
-      auto* pending = static_cast<Pending*>(self);
-      if (error) {
-        pending->context->SetStatus(
-            ::tensorflow::errors::Internal("tarantella: allreduce of a gradient bucket failed: ", error));
-      }
-      DoneCallback callback = std::move(pending->done);
-      delete pending;
-      callback();
-    }
-  };
-
   int reducer_ = 0;
   int64_t tensor_ = 0;
   TensorShape shape_;

@@ -17,11 +17,13 @@
 // (tarantella/pipeline/compiled_step.py). Since each transfer has its own
 // (peer, tag) attributes no two are alike, so no optimisation merges them,
 // and the step consumes every send's token, so none is pruned.
-#include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "c_api.h"
 #include "c_api_channels.h"
+#include "pending_op.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -74,22 +76,6 @@ REGISTER_OP("TntReceive")
     })
     .Doc("Receives a tensor of `shape` from world rank `peer` with `tag`; posted once `after` exists.");
 
-// One transfer in flight: what the engine's callback needs to finish the op.
-struct Pending {
-  OpKernelContext* context;
-  AsyncOpKernel::DoneCallback done;
-  Tensor held;  // a send's tensor, alive until it has left
-  std::string what;
-
-  static void finish(void* self, const char* error) {
-    auto* pending = static_cast<Pending*>(self);
-    if (error) pending->context->SetStatus(::tensorflow::errors::Internal("tarantella: ", pending->what, ": ", error));
-    AsyncOpKernel::DoneCallback callback = std::move(pending->done);
-    delete pending;
-    callback();
-  }
-};
-
 class Transfer : public AsyncOpKernel {
  public:
   explicit Transfer(OpKernelConstruction* context) : AsyncOpKernel(context) {
@@ -101,24 +87,48 @@ class Transfer : public AsyncOpKernel {
   bool IsExpensive() override { return false; }
 
  protected:
-  // Hands the transfer to the engine; `pending` is owned by the engine's callback once it succeeds.
-  void start(bool send, void* data, size_t bytes, Pending* pending) {
-    char error[kErrorSize] = {0};
-    const int failed = send ? tnt_channels_send(channels_, peer_, tag_, data, bytes, &Pending::finish, pending,
-                                                error, sizeof error)
-                            : tnt_channels_receive(channels_, peer_, tag_, data, bytes, &Pending::finish, pending,
-                                                   error, sizeof error);
-    if (failed) {
-      OpKernelContext* context = pending->context;
-      DoneCallback callback = std::move(pending->done);
-      context->SetStatus(::tensorflow::errors::Internal("tarantella: ", pending->what, ": ", error));
-      delete pending;
-      callback();
+  // Hands the transfer of `held`'s buffer to the engine; the op finishes when the engine is done with it or
+  // when the step is cancelled (Note [A waiting op finishes once: by the engine or by cancellation]).
+  void start(bool send, OpKernelContext* context, DoneCallback done, Tensor held) {
+    auto op = std::make_shared<PendingOp>(context, std::move(done), describe(send), held);
+    // What cancellation withdraws: known once the engine has queued the transfer.
+    struct Posted {
+      std::mutex mutex;
+      unsigned long long handle = 0;
+      bool cancelled = false;
+    };
+    auto posted = std::make_shared<Posted>();
+    const int channels = channels_;
+    if (!PendingOp::watch(op, [posted, channels] {
+          std::lock_guard<std::mutex> lock(posted->mutex);
+          posted->cancelled = true;
+          if (posted->handle != 0) tnt_channels_cancel(channels, posted->handle);
+        })) {
+      return;
     }
+    char error[kErrorSize] = {0};
+    void* engine_context = PendingOp::engine_context(op);
+    char* data = const_cast<char*>(held.tensor_data().data());
+    unsigned long long handle = 0;
+    const int failed =
+        send ? tnt_channels_send(channels_, peer_, tag_, data, held.TotalBytes(), &PendingOp::engine_done,
+                                 engine_context, &handle, error, sizeof error)
+             : tnt_channels_receive(channels_, peer_, tag_, data, held.TotalBytes(), &PendingOp::engine_done,
+                                    engine_context, &handle, error, sizeof error);
+    if (failed) {
+      PendingOp::release(engine_context);
+      op->finish(::tensorflow::errors::Internal("tarantella: ", op->what(), ": ", error), true);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(posted->mutex);
+    posted->handle = handle;
+    if (posted->cancelled) tnt_channels_cancel(channels_, handle);
   }
-  std::string describe(const char* kind) const {
-    return std::string(kind) + (std::strcmp(kind, "send") == 0 ? " to rank " : " from rank ") +
-           std::to_string(peer_) + " with tag " + std::to_string(tag_);
+
+ private:
+  std::string describe(bool send) const {
+    return std::string(send ? "send to rank " : "receive from rank ") + std::to_string(peer_) + " with tag " +
+           std::to_string(tag_);
   }
 
   int channels_ = 0;
@@ -133,8 +143,7 @@ class Send : public Transfer {
     Tensor* token = nullptr;
     OP_REQUIRES_OK_ASYNC(context, context->allocate_output(0, TensorShape({}), &token), done);
     token->scalar<int32_t>()() = 0;
-    auto* pending = new Pending{context, std::move(done), context->input(0), describe("send")};
-    start(true, const_cast<char*>(pending->held.tensor_data().data()), pending->held.TotalBytes(), pending);
+    start(true, context, std::move(done), context->input(0));
   }
 };
 
@@ -149,8 +158,7 @@ class Receive : public Transfer {
   void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
     Tensor* out = nullptr;
     OP_REQUIRES_OK_ASYNC(context, context->allocate_output(0, shape_, &out), done);
-    auto* pending = new Pending{context, std::move(done), Tensor(), describe("receive")};
-    start(false, const_cast<char*>(out->tensor_data().data()), out->TotalBytes(), pending);
+    start(false, context, std::move(done), *out);
   }
 
  private:

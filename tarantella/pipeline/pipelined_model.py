@@ -42,6 +42,7 @@ from tarantella.pipeline.partition import graph_of, partition
 from tarantella.pipeline.schedules import (FORWARD, Pass, check_micro_batches, deferred_schedule,
                                            schedule as make_schedule)
 from tarantella.pipeline.compiled_step import MicroBatchData, StageStep
+from tarantella.pipeline.stage_errors import naming_the_stage
 from tarantella.pipeline.step_collectives import StepCollectives
 from tarantella.pipeline.step_logs import StepLogs
 from tarantella.pipeline.topology import place
@@ -245,8 +246,11 @@ class PipelinedModel(keras.Model):
         if mode == "train" and not self.optimizer.built:
             self.optimizer.build(self.stage_model.trainable_variables)
         began = time.time()
-        result = self._step_function(mode)(inputs, y if last else None, sample_weight if last else None,
-                                            self._start, global_size, is_part)
+        try:
+            result = self._step_function(mode)(inputs, y if last else None, sample_weight if last else None,
+                                                self._start, global_size, is_part)
+        except tf.errors.OpError as error:
+            raise naming_the_stage(error, self.placement) from None
         self.runner.record(self._passes(mode), result["times"], began, time.time())
         return result
 

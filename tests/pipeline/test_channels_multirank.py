@@ -7,7 +7,7 @@ import pytest
 from tests.multirank import run_ranks
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "check_channels.py")
-CHECKS = ["out of order sizes 0..4MiB", "many in flight", "size mismatch", "done"]
+CHECKS = ["out of order sizes 0..4MiB", "many in flight", "size mismatch", "cancelled receive", "done"]
 
 
 @pytest.mark.multirank

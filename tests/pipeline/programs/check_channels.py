@@ -50,6 +50,32 @@ else:
 print("OK size mismatch", flush=True)
 tnt.barrier()
 
+# A cancelled receive that no send matches is withdrawn at once (Note [Cancelled transfers are withdrawn]),
+# and the channels go on working.
+if rank % 2 == 0:
+    import time
+    began = time.monotonic()
+    pending = channels.receive(partner, 98, np.zeros(5, np.float32))
+    pending.cancel()
+    try:
+        pending.wait()
+        raise AssertionError("a cancelled receive completed")
+    except tnt.EngineError as error:
+        assert "cancelled" in str(error) and "tag 98" in str(error), error
+    assert time.monotonic() - began < 1.0, time.monotonic() - began
+    while channels.in_flight and time.monotonic() - began < 1.0:  # the count follows the progress thread
+        time.sleep(0.01)
+    assert channels.in_flight == 0, channels.in_flight
+tnt.barrier()
+got = channels.receive(partner, 97, np.zeros(3, np.float32)) if rank % 2 == 0 else None
+if rank % 2 == 1:
+    channels.send(partner, 97, payload(rank, 97, 3)).wait()
+else:
+    got.wait()
+    np.testing.assert_array_equal(got.buffer, payload(partner, 97, 3))
+print("OK cancelled receive", flush=True)
+tnt.barrier()
+
 # A receive from a rank that never sends: TimeoutError naming it, within the configured timeout.
 if rank % 2 == 0:
     try:
