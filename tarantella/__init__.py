@@ -28,6 +28,7 @@ _LAZY = {
     "keras": ("tarantella.keras", None),
     "data": ("tarantella.data", None),
     "pipeline": ("tarantella.pipeline", None),
+    "deferred_weights": ("tarantella.deferred_build", "deferred_weights"),
     "set_deterministic": ("tarantella.determinism", "set_deterministic"),
     "reduce_gradients": ("tarantella.keras.custom_loop", "reduce_gradients"),
     "distribute_dataset": ("tarantella.keras.custom_loop", "distribute_dataset"),
@@ -54,7 +55,7 @@ __all__ = [
     "init", "is_initialized", "get_rank", "get_size", "get_master_rank", "is_master_rank", "shutdown",
     "Group", "allreduce", "broadcast", "allgather", "barrier", "allgather_object", "broadcast_object",
     "MismatchError", "CollectiveTimeoutError", "EngineError", "GroupFailedError",
-    "Model", "ParallelStrategy", "models", "keras", "data", "pipeline", "set_deterministic",
+    "Model", "ParallelStrategy", "models", "keras", "data", "pipeline", "deferred_weights", "set_deterministic",
     "reduce_gradients", "distribute_dataset", "broadcast_variables", "distribute_datasets_from_function",
     "__version__",
 ]

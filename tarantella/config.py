@@ -58,6 +58,11 @@ def _parse_timeline_path(text: str) -> str:
     return os.path.abspath(path) if path else ""
 
 
+def _parse_memory_budget(text: str) -> int:
+    from tarantella.memory_budget import parse_size
+    return parse_size(text)
+
+
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "hierarchical", "mpi")
 
 
@@ -110,6 +115,10 @@ SETTINGS: tuple[Setting, ...] = (
             "(progress bar, checkpoints, loggers) on every rank", True),
     Setting("no_gpu", "TNT_NO_GPU", "--no-gpu", False, _parse_bool, "",
             "hide all GPUs from the ranks and run on the CPU", True),
+    Setting("memory_budget_bytes", "TNT_MEMORY_BUDGET", "--memory-budget", 0, _parse_memory_budget, "",
+            "each rank's peak resident memory may not exceed this size (e.g. 1.5GiB, 800MiB; powers of "
+            "1024); a rank over it ends the job naming rank, host, peak and budget; 0 or empty: no budget "
+            "(Note [The per-rank memory budget] in tarantella/memory_budget.py)"),
     Setting("timeline", "TNT_TIMELINE", "--timeline", "", _parse_timeline_path, "",
             "write a Chrome/Perfetto trace of the training (steps, backward pass, per-bucket allreduce, "
             "optimizer update, metric reduction, pipeline passes) to this file, merged from every rank at "
@@ -130,6 +139,7 @@ class Config:
     log_on_all_devices: bool
     output_on_all_devices: bool
     no_gpu: bool
+    memory_budget_bytes: int = 0
     timeline: str = ""
 
     @property

@@ -56,6 +56,8 @@ def init() -> None:
             raise
         _state.update(settings=settings_, world=world)
         atexit.register(shutdown)
+        from tarantella import memory_budget
+        memory_budget.start(settings_.memory_budget_bytes, world.rank, engine.abort_job)
         if world.size > 1:
             _abort_job_on_uncaught_exception()
         _set_up_logging(settings_, world.rank)

@@ -31,6 +31,7 @@ stages and steps, against (S-1)/(M+S-1). The executed pass order also gives
 the measured peak of micro-batches whose activations a stage held.
 """
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -54,8 +55,9 @@ CORES = pin_to_one_core() if "--pin" in sys.argv else sorted(os.sched_getaffinit
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(1)
+if "--launcher-threads" not in sys.argv:
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
 
 import keras  # noqa: E402
 
@@ -74,6 +76,11 @@ parser.add_argument("--batch", type=int, default=128)
 parser.add_argument("--steps", type=int, default=32)
 parser.add_argument("--budget-mib", type=float, default=None)
 parser.add_argument("--pin", action="store_true", help="run each rank on one core (local rank i on core i)")
+parser.add_argument("--deferred", action="store_true",
+                    help="build the model in tnt.deferred_weights(): a pipeline rank materialises only its stage")
+parser.add_argument("--launcher-threads", action="store_true",
+                    help="keep the launcher's thread counts (its defaults: each rank its share of the cores) "
+                         "instead of one TensorFlow thread per rank")
 parser.add_argument("--records-out", default=None,
                     help="pipelines: rank 0 also writes every rank's raw per-step pass times and step/function "
                          "times to this JSON file (to read where a step's idle time goes)")
@@ -87,11 +94,12 @@ def peak_rss_mib() -> float:
 
 def build() -> keras.Model:
     keras.utils.set_random_seed(0)
-    x = keras.Input((args.width,))
-    h = x
-    for i in range(args.layers):
-        h = keras.layers.Dense(args.width, activation="relu", name=f"dense{i}")(h)
-    return keras.Model(x, keras.layers.Dense(10, name="out")(h))
+    with tnt.deferred_weights() if args.deferred and args.mode != "serial" else contextlib.nullcontext():
+        x = keras.Input((args.width,))
+        h = x
+        for i in range(args.layers):
+            h = keras.layers.Dense(args.width, activation="relu", name=f"dense{i}")(h)
+        return keras.Model(x, keras.layers.Dense(10, name="out")(h))
 
 
 def state_bytes(variables) -> int:
@@ -111,9 +119,10 @@ def live_peak(passes) -> int:
 
 rng = np.random.default_rng(0)
 samples = args.batch * args.steps
+tnt.init()
+rss_before = peak_rss_mib()   # "memory" counts from before the model is built
 model = build()
-whole_params = state_bytes(model.weights)
-rss_before = peak_rss_mib()
+whole_params = int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in model.weights))
 load_before = os.getloadavg()
 record = {"rank": tnt.get_rank(), "whole_params_bytes": whole_params, "cores": CORES}
 needed = whole_params + optimizer_bytes_for(whole_params)

@@ -41,7 +41,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella import collectives, runtime
+from tarantella import collectives, deferred_build, runtime
 from tarantella._repro import exact_train_step
 from tarantella._repro import hook as repro_hook
 from tarantella.data import distributed_dataset, order_check, serial_order, user_input
@@ -139,6 +139,8 @@ class Model(keras.Model):
         self._metrics_local = False
         # Note [A model's own training logic]
         self._own_logic = user_steps.overridden(model)
+        # Data parallelism holds every weight (Note [Models built without storage] in deferred_build.py).
+        deferred_build.initialize_all(model)
         if model.built or self._own_logic:  # a GAN need not be callable: its parts are built
             self.built = True
         if model.built:

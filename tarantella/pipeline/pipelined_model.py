@@ -110,8 +110,7 @@ class PipelinedModel(keras.Model):
         self._user = _Untracked(model)
         self._whole = WholeModel(model, self.partition, placement)
         self._whole.check_same_partition()
-        self._whole.broadcast_initial_weights()
-        self._whole.release_other_stages()
+        self._whole.start_weights()
         self._global_clipnorm = None
         self._channels = peer_channels.open_channels() if num_stages > 1 else None
         self.runner = StageStep(self.partition, placement, self._channels)

@@ -21,7 +21,7 @@ import numpy as np
 
 from tarantella import collectives
 
-__all__ = ["release", "materialize", "is_released", "held_bytes", "check_release_supported", "gather_to_root",
+__all__ = ["release", "was_released", "materialize", "is_released", "held_bytes", "check_release_supported", "gather_to_root",
            "optimizer_state_by_name", "assign_by_name"]
 
 
@@ -36,6 +36,12 @@ def release(variable) -> None:
     check_release_supported(variable)
     variable._initializer = keras.initializers.Zeros()
     variable._value = None
+    variable._tnt_released = True
+
+
+def was_released(variable) -> bool:
+    """Released by `release` (and not materialised since), as opposed to deferred (tarantella/deferred_build.py)."""
+    return getattr(variable, "_tnt_released", False)
 
 
 def is_released(variable) -> bool:
@@ -47,6 +53,7 @@ def materialize(variable, value) -> None:
     if is_released(variable):
         variable._initialize(np.asarray(value, dtype=variable.dtype))
         variable._initializer = None
+        variable._tnt_released = False
     else:
         variable.assign(value)
 

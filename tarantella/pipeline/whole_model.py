@@ -1,7 +1,9 @@
 """The user's unpartitioned model across the stages: whose weights live where, and gathering them.
 
 Every rank builds the whole model, then keeps only its stage's weights (the others are released: Note
-[Releasing a variable] in stage_state.py). This class answers for the whole model: every rank starts from
+[Releasing a variable] in stage_state.py; a model built in tnt.deferred_weights() never gives the others
+storage: Note [Models built without storage] in tarantella/deferred_build.py). This class answers for the
+whole model: every rank starts from
 the master's weights, any rank can get all weights (a collective), and the master can be given every
 stage's weights and optimizer state to write one ordinary `.keras` file (gather on save), which every
 rank reads back keeping its own stage's part (scatter on load).
@@ -11,7 +13,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from tarantella import collectives, runtime
+from tarantella import collectives, deferred_build, runtime
 from tarantella.pipeline import stage_state
 from tarantella.pipeline.partition import Partition
 from tarantella.pipeline.topology import Placement
@@ -49,21 +51,35 @@ class WholeModel:
         owner = {id(v): s for s in range(self.placement.num_stages) for v in self.stage_variables(s)}
         return [self.placement.rank_of(0, owner.get(id(v), 0)) for v in self.model.weights]
 
+    def start_weights(self) -> None:
+        """Collective: every rank starts from the master's initial weights and holds only its stage's.
+        A model built in tnt.deferred_weights() gets storage for this stage's weights only, drawn with
+        the master's seeds (Note [Models built without storage] in tarantella/deferred_build.py); weights
+        built eagerly come from the master, then the other stages' are released."""
+        deferred = [v for v in self.model.variables if deferred_build.is_deferred(v)]
+        deferred_build.take_master_seeds(deferred)
+        mine = {id(v) for v in self.stage_variables(self.placement.stage)}
+        weights = {id(v) for v in self.model.weights}
+        for variable in deferred:
+            if id(variable) in weights and id(variable) not in mine and self.placement.num_stages > 1:
+                stage_state.release(variable)
+            else:  # this stage's, or state every rank keeps (a random layer's seeds)
+                deferred_build.initialize(variable)
+        if runtime.get_size() > 1:
+            root, drawn = runtime.get_master_rank(), {id(v) for v in deferred}
+            for variable in self.model.weights:
+                if id(variable) not in drawn:  # the same variables on every rank: all built eagerly
+                    variable.assign(collectives.broadcast(np.array(variable.numpy(), copy=True), root=root))
+        self.release_other_stages()
+
     def release_other_stages(self) -> None:
         """Keep only this stage's weights (Note [Releasing a variable] in stage_state.py)."""
         if self.placement.num_stages == 1:
             return
         mine = {id(v) for v in self.stage_variables(self.placement.stage)}
         for variable in self.model.weights:
-            if id(variable) not in mine:
+            if id(variable) not in mine and not stage_state.is_released(variable):
                 stage_state.release(variable)
-
-    def broadcast_initial_weights(self) -> None:
-        """Collective: every rank starts from the master's weights (all ranks hold the whole model here)."""
-        if runtime.get_size() == 1:
-            return
-        self.model.set_weights([collectives.broadcast(np.array(w, copy=True), root=runtime.get_master_rank())
-                                for w in self.model.get_weights()])
 
     def sync_weights(self) -> list[np.ndarray]:
         """Collective: the whole model's current weights (every stage's), on every rank, as arrays."""

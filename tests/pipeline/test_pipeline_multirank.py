@@ -55,6 +55,8 @@ def test_ranks_hold_only_their_stage_and_keep_the_whole_models_semantics(tmp_pat
                                 "global_clipnorm, regularizers, add_loss and class_weight train like serial",
                                 "a LossScaleOptimizer takes one decision for all stages",
                                 "save gathers the whole model and optimizer; load_model resumes training",
+                                "a model built in deferred_weights() materialises only the rank's stage and "
+                                "trains like serial",
                                 "micro-batches must divide the batch", "done"])
 
 

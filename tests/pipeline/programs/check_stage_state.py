@@ -125,6 +125,41 @@ resumed.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
 close("resumed weights", resumed.get_weights(), serial_model.get_weights())
 print("OK save gathers the whole model and optimizer; load_model resumes training", flush=True)
 
+# --- built without storage: each rank materialises only its stage ----------------------------
+# Unseeded on purpose: Keras draws an unseeded initializer's seed from Python's random, here different on
+# each rank; the master's seeds reach every rank (Note [Models built without storage]).
+import random  # noqa: E402
+
+
+def with_dropout() -> keras.Model:
+    inputs = keras.Input((12,))
+    h = keras.layers.Dense(32, activation="tanh", name="d0")(inputs)
+    h = keras.layers.Dropout(0.2, seed=5, name="drop")(h)
+    h = keras.layers.Dense(32, activation="tanh", name="d1")(h)
+    h = SplitLayer(name="cut")(h)
+    h = keras.layers.Dense(40, activation="tanh", name="d2")(h)
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax", name="d3")(h))
+
+
+random.seed(1000 + rank)
+with tnt.deferred_weights():
+    deferred = with_dropout()
+assert stage_state.held_bytes(deferred.weights) == 0, "a deferred model holds weights before the cut"
+pipelined = make_pipelined_model(deferred, num_micro_batches=4)
+held = stage_state.held_bytes(deferred.weights)
+assert held == stage_state.held_bytes(pipelined.stage_model.weights) and 0 < held / total <= 0.55, (held, total)
+initial = pipelined.get_weights()   # gathered from the stages
+random.seed(1000)                   # the master's seeds, eagerly: the same initial weights
+serial_model = with_dropout()
+close("initial weights of a deferred build", initial, serial_model.get_weights())
+serial_losses, _ = train(serial_model, keras.optimizers.Adam(1e-2), epochs=1)
+losses, _ = train(pipelined, keras.optimizers.Adam(1e-2), epochs=1)
+close("deferred build's losses", losses, serial_losses)
+close("deferred build's weights", pipelined.get_weights(), serial_model.get_weights())
+assert stage_state.held_bytes(deferred.weights) == held
+print("OK a model built in deferred_weights() materialises only the rank's stage and trains like serial",
+      flush=True)
+
 # --- a micro-batch count that does not divide the batch -------------------------------------
 try:
     resumed.fit(x, y, batch_size=10, epochs=1, verbose=0)
