@@ -42,11 +42,13 @@ def deferred_weights():
     if in_stateless_scope():
         raise RuntimeError("tarantella: deferred_weights() cannot be used inside another stateless scope")
     before = list(global_state.get_global_attribute(_KERAS_LIST, [], set_to_default=True))
-    with StatelessScope(initialize_variables=False):
-        yield
-    known = {id(v) for v in before}
-    global_state.set_global_attribute(_KERAS_LIST, [v for v in global_state.get_global_attribute(_KERAS_LIST, [])
-                                                    if id(v) in known])
+    try:
+        with StatelessScope(initialize_variables=False):
+            yield
+    finally:
+        known = {id(v) for v in before}
+        global_state.set_global_attribute(
+            _KERAS_LIST, [v for v in global_state.get_global_attribute(_KERAS_LIST, []) if id(v) in known])
 
 
 def is_deferred(variable) -> bool:

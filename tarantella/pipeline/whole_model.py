@@ -3,10 +3,9 @@
 Every rank builds the whole model, then keeps only its stage's weights (the others are released: Note
 [Releasing a variable] in stage_state.py; a model built in tnt.deferred_weights() never gives the others
 storage: Note [Models built without storage] in tarantella/deferred_build.py). This class answers for the
-whole model: every rank starts from
-the master's weights, any rank can get all weights (a collective), and the master can be given every
-stage's weights and optimizer state to write one ordinary `.keras` file (gather on save), which every
-rank reads back keeping its own stage's part (scatter on load).
+whole model: every rank starts from the master's weights, any rank can get all weights (a collective),
+and the master can be given every stage's weights and optimizer state to write one ordinary `.keras`
+file (gather on save), which every rank reads back keeping its own stage's part (scatter on load).
 """
 from __future__ import annotations
 
