@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Callable, Mapping
 
+from tarantella.launcher import launch_check
 from tarantella.launcher.process_group import stop_process_group
 
 __all__ = ["RunSpec", "RunResult", "execute", "RUNNER", "DETERMINISM_FAILURE_PATTERNS"]
@@ -104,6 +105,19 @@ def _progress_step(directory: str) -> int | None:
 
 def execute(spec: RunSpec, script: str, script_args: list[str], directory: str, timeout: float,
             on_progress: Callable[[int | None, float], None] = lambda step, seconds: None) -> RunResult:
+    """Run one launch; one that started no rank is launched once more (Note [A launch that started no
+    rank is retried once] in tarantella/launcher/launch_check.py)."""
+    result = _execute_once(spec, script, script_args, directory, timeout, on_progress)
+    with open(os.path.join(directory, "stderr.log")) as handle:
+        first_error = launch_check.no_rank_started(result.returncode, handle.read())
+    if first_error is None:
+        return result
+    os.replace(os.path.join(directory, "stderr.log"), os.path.join(directory, "stderr.first-launch.log"))
+    return _execute_once(spec, script, script_args, directory, timeout, on_progress)
+
+
+def _execute_once(spec: RunSpec, script: str, script_args: list[str], directory: str, timeout: float,
+                  on_progress: Callable[[int | None, float], None]) -> RunResult:
     os.makedirs(directory, exist_ok=True)
     env = dict(os.environ)
     env.update(spec.env)

@@ -28,6 +28,8 @@ import tempfile
 import time
 from typing import Mapping, Sequence
 
+from tarantella.launcher import launch_check
+
 __all__ = ["RanksResult", "RanksTimedOut", "run_ranks", "RANK_HELPERS", "REPO_ROOT"]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,25 +92,15 @@ def _split_by_rank(text: str) -> dict[int, str]:
     return {rank: "".join(lines) for rank, lines in sorted(per_rank.items())}
 
 
-# Note [A launch that started no rank is retried once]
-# Once in about a thousand launches on a freshly made namespace cluster, mpirun exited at
-# start-up (code 213, no message, 0.2 s after the launcher started) before any rank ran; ten
-# repeats of the same tests right after passed. Such a launch ran none of the code under test,
-# so run_ranks launches once more and keeps the first attempt's error at the top of stderr.
-# Tests of launch failures themselves (tests/cluster/test_bad_input.py, the launcher's unit
-# tests) start the launcher directly, not through run_ranks.
-_NO_RANK_STARTED = re.compile(r"^tarantella: error: cannot start the ranks on host .*: mpirun exited "
-                              r"with code \d+ before (\d+) of \1 rank\(s\) started", re.MULTILINE)
-
-
 def run_ranks(n: int, code_or_script: str | os.PathLike, args: Sequence[str] = (),
               timeout: float = 60.0, launcher_args: Sequence[str] = (),
               env: Mapping[str, str | None] | None = None, all_output: bool = True) -> RanksResult:
     """Run the program on n ranks; env entries override (None removes) the test's
     environment; the repository is put first on PYTHONPATH. A launch that started no rank
-    is retried once (Note [A launch that started no rank is retried once])."""
+    is retried once (Note [A launch that started no rank is retried once] in
+    tarantella/launcher/launch_check.py)."""
     result = _run_once(n, code_or_script, args, timeout, launcher_args, env, all_output)
-    first_error = _NO_RANK_STARTED.search(result.stderr) if result.returncode == 2 else None
+    first_error = launch_check.no_rank_started(result.returncode, result.stderr)
     if first_error is None:
         return result
     retried = _run_once(n, code_or_script, args, timeout, launcher_args, env, all_output)
