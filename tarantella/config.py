@@ -14,6 +14,8 @@ import logging
 import os
 from typing import Any, Callable, Mapping
 
+from tarantella.memory_budget import parse_size as _parse_memory_budget
+
 __all__ = ["Setting", "SETTINGS", "Config", "load_config", "ConfigError"]
 
 
@@ -56,11 +58,6 @@ def _parse_timeline_path(text: str) -> str:
     if path and os.path.isdir(path):
         raise ValueError(f"expected a file name for the trace, got the directory {text!r}")
     return os.path.abspath(path) if path else ""
-
-
-def _parse_memory_budget(text: str) -> int:
-    from tarantella.memory_budget import parse_size
-    return parse_size(text)
 
 
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "hierarchical", "mpi")

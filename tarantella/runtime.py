@@ -14,6 +14,7 @@ import threading
 import traceback
 
 from tarantella import config as _config
+from tarantella import memory_budget
 from tarantella.world_check import WorldSizeError, check_world_size
 
 __all__ = ["init", "is_initialized", "get_rank", "get_size", "get_master_rank", "is_master_rank",
@@ -56,7 +57,6 @@ def init() -> None:
             raise
         _state.update(settings=settings_, world=world)
         atexit.register(shutdown)
-        from tarantella import memory_budget
         memory_budget.start(settings_.memory_budget_bytes, world.rank, engine.abort_job)
         if world.size > 1:
             _abort_job_on_uncaught_exception()

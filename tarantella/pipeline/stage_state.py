@@ -21,7 +21,8 @@ import numpy as np
 
 from tarantella import collectives
 
-__all__ = ["release", "was_released", "materialize", "is_released", "held_bytes", "check_release_supported", "gather_to_root",
+__all__ = ["release", "was_released", "materialize", "is_released", "held_bytes", "check_release_supported",
+           "gather_to_root",
            "optimizer_state_by_name", "assign_by_name"]
 
 

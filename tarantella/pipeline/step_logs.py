@@ -56,8 +56,9 @@ class StepLogs:
         if len(keys) <= LOG_SLOTS and all(v.shape.rank == 0 and (v.dtype.is_floating or v.dtype.is_integer)
                                           for v in values):
             self._traced_keys[mode] = keys
-            vector = tf.concat([tf.constant([len(keys)], tf.float64), tf.stack([tf.cast(v, tf.float64) for v in values])
-                                if values else tf.zeros([0], tf.float64), tf.zeros([LOG_SLOTS - len(keys)], tf.float64)], 0)
+            carried = tf.stack([tf.cast(v, tf.float64) for v in values]) if values else tf.zeros([0], tf.float64)
+            vector = tf.concat([tf.constant([len(keys)], tf.float64), carried,
+                                tf.zeros([LOG_SLOTS - len(keys)], tf.float64)], 0)
         else:
             self._traced_keys[mode] = None
             vector = tf.concat([[-1.0], tf.zeros([LOG_SLOTS], tf.float64)], 0)

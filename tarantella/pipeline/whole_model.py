@@ -57,28 +57,27 @@ class WholeModel:
         built eagerly come from the master, then the other stages' are released."""
         deferred = [v for v in self.model.variables if deferred_build.is_deferred(v)]
         deferred_build.take_master_seeds(deferred)
-        mine = {id(v) for v in self.stage_variables(self.placement.stage)}
-        weights = {id(v) for v in self.model.weights}
+        others = {id(v) for v in self._other_stages_weights()}
         for variable in deferred:
-            if id(variable) in weights and id(variable) not in mine and self.placement.num_stages > 1:
-                stage_state.release(variable)
-            else:  # this stage's, or state every rank keeps (a random layer's seeds)
+            if id(variable) not in others:  # this stage's, or state every rank keeps (a random layer's seeds)
                 deferred_build.initialize(variable)
         if runtime.get_size() > 1:
             root, drawn = runtime.get_master_rank(), {id(v) for v in deferred}
             for variable in self.model.weights:
                 if id(variable) not in drawn:  # the same variables on every rank: all built eagerly
                     variable.assign(collectives.broadcast(np.array(variable.numpy(), copy=True), root=root))
-        self.release_other_stages()
+        self.release_other_stages()  # the other stages' deferred weights too: they never get storage
 
     def release_other_stages(self) -> None:
         """Keep only this stage's weights (Note [Releasing a variable] in stage_state.py)."""
+        for variable in self._other_stages_weights():
+            stage_state.release(variable)
+
+    def _other_stages_weights(self) -> list:
         if self.placement.num_stages == 1:
-            return
+            return []
         mine = {id(v) for v in self.stage_variables(self.placement.stage)}
-        for variable in self.model.weights:
-            if id(variable) not in mine and not stage_state.is_released(variable):
-                stage_state.release(variable)
+        return [v for v in self.model.weights if id(v) not in mine]
 
     def sync_weights(self) -> list[np.ndarray]:
         """Collective: the whole model's current weights (every stage's), on every rank, as arrays."""

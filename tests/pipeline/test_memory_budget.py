@@ -17,7 +17,7 @@ BUDGET = ["--memory-budget", "2000MiB"]
 @pytest.mark.timeout(200)
 def test_a_deferred_pipeline_trains_within_a_budget_that_data_parallelism_exceeds():
     fits = run_ranks(2, PROGRAM, args=["pipeline", WIDTH], launcher_args=BUDGET, timeout=90)
-    fits.check().assert_printed([], range(2))
+    fits.check()
     peaks = [int(re.search(r"OK trained, peak (\d+) MiB", fits.rank_stdout[r]).group(1)) for r in range(2)]
     assert max(peaks) <= 2000, fits.describe()
     over = run_ranks(2, PROGRAM, args=["data", WIDTH], launcher_args=BUDGET, timeout=90)
