@@ -11,7 +11,9 @@ import pytest
 from tests.multirank import run_ranks
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "fail_in_step.py")
-ENDS_WITHIN = 90  # seconds from launch: start-up and the first step's tracing included; the timeout is 300
+# The run's hard timeout, seconds from launch: start-up and the first step's tracing included, well inside
+# the engine's 300 s; a job still running then is killed and the test fails (RanksTimedOut).
+ENDS_WITHIN = 90
 ENV = {"TNT_TIMEOUT_SECONDS": None}  # the default timeout, as users run
 
 SCENARIOS = [
@@ -34,9 +36,8 @@ SCENARIOS = [
 @pytest.mark.parametrize("ranks,args,failing_rank,stage", SCENARIOS,
                          ids=["-".join([str(s[0])] + [a for a in s[1] if not a.startswith("--")]) for s in SCENARIOS])
 def test_a_failing_op_ends_the_job_at_once(ranks, args, failing_rank, stage):
-    result = run_ranks(ranks, PROGRAM, args=args, timeout=130, env=ENV)
+    result = run_ranks(ranks, PROGRAM, args=args, timeout=ENDS_WITHIN, env=ENV)
     assert result.returncode != 0, result.describe()
-    assert result.elapsed < ENDS_WITHIN, f"the job took {result.elapsed:.0f} s to end\n{result.describe()}"
     result.assert_printed(["trained step 1"], range(ranks))  # it failed in the second step, not before
     report = re.search(r"^tarantella: error: rank (\d+) of \d+ failed first: .* on host \S+: (.*)$", result.stderr,
                        re.MULTILINE)

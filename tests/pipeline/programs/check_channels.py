@@ -60,9 +60,8 @@ if rank % 2 == 0:
     try:
         pending.wait()
         raise AssertionError("a cancelled receive completed")
-    except tnt.EngineError as error:
-        assert "cancelled" in str(error) and "tag 98" in str(error), error
-    assert time.monotonic() - began < 1.0, time.monotonic() - began
+    except tnt.EngineError as error:  # withdrawn, not expired: the channels' timeout is not what ended it
+        assert "cancelled" in str(error) and "tag 98" in str(error) and "timed out" not in str(error), error
     while channels.in_flight and time.monotonic() - began < 1.0:  # the count follows the progress thread
         time.sleep(0.01)
     assert channels.in_flight == 0, channels.in_flight
