@@ -48,9 +48,9 @@ COLUMNS = ["model", "mode", "schedule", "defer_weight_gradients", "micro_batches
 PIPELINES = [("gpipe", "default"), ("1f1b", "default"), ("1f1b", "on")]
 
 
-def run(ranks: int, options: list[str], timeout: float = 600) -> dict:
+def run(ranks: int, options: list[str], timeout: float = 600, env: dict | None = None) -> dict:
     command = [sys.executable, "-m", "tarantella.launcher", "-n", str(ranks), "--", PROGRAM, *options]
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     for line in done.stdout.splitlines():
         if "RESULT " in line:

@@ -33,7 +33,9 @@ def make_pipelined_model(model, *, num_micro_batches: int | None = None, schedul
     defer_weight_gradients (keyword): Dense layers' weight gradients computed once for several
         micro-batches in weight passes instead of in each backward (Note [Deferred weight gradients]
         in weight_gradients.py): True (one weight pass per step), False, or a number of micro-batches
-        per weight pass; default None: True for "gpipe", False for "1f1b" (keeps its memory bound).
+        per weight pass; default None: True for "gpipe"; for "1f1b" True only where the deferred layers'
+        inputs and output gradients of a step take no more memory than their weight gradients
+        (Dense(W) layers: 2 x rows per replica <= W), else False (keeps its activation bound).
     """
     from tarantella.pipeline.pipelined_model import PipelinedModel
     return PipelinedModel(model, num_micro_batches=num_micro_batches, schedule=schedule,

@@ -149,6 +149,7 @@ class StageStep:
         self._ops = tf_ops.load_ops() if channels is not None else None
         self.trace = StepTrace()
         self.record_pass_times = False   # under op determinism: read the host clock per pass anyway
+        self.last_upstream_sends = []    # set by build()
         # Layers that look at the batch (Note [A pipeline's micro-batches and the layers that look at the
         # batch]): the model's batch_norm choice and the sum over this stage's replicas (None: one replica).
         self.batch_norm = batch_position.GLOBAL_BATCH_NORM
@@ -206,7 +207,9 @@ class StageStep:
 
         Returns (predictions {m: flat y_pred} on the last stage, summed gradients (None where a
         variable got none), send tokens, pass times [passes, 2], the earlier stage's layer losses
-        summed over the micro-batches weighted by their sizes (a float32 scalar; 0 on the last stage))."""
+        summed over the micro-batches weighted by their sizes (a float32 scalar; 0 on the last stage)).
+        `self.last_upstream_sends`: the tokens of the last backward pass's sends to the stage before
+        (empty on the first stage; Note [When the update starts] in pipelined_model.py)."""
         self._penalties = []
         self._seeds = serial_random.StepSeedStates(self.model)
         variables = self.model.trainable_variables
@@ -217,6 +220,7 @@ class StageStep:
         clock = self._pass_clock()
         previous = []          # the outputs of the pass before
         posted = 0
+        self.last_upstream_sends = []
         for index, p in enumerate(passes):
             after = start
             if previous:
@@ -239,6 +243,7 @@ class StageStep:
                     predictions[m] = y_pred
             elif p.kind == BACKWARD:
                 sends, done = self._backward(m, live.pop(m), arrived, began, variables, gradients)
+                self.last_upstream_sends = sends
             else:
                 with tf.control_dependencies([began]):
                     sends, done = [], self._deferred.weight_pass(gradients) or [tf.constant(0)]

@@ -143,6 +143,23 @@ def test_weight_passes_follow_their_backwards_and_count_as_held():
     assert with_weight_passes(gpipe(3, 2, 1), 2)[-3:] == [(WEIGHT, 1), (BACKWARD, 2), (WEIGHT, 2)]
 
 
+def test_one_f_one_b_defers_weight_gradients_only_where_that_holds_less_than_they_take():
+    from tarantella.pipeline.weight_gradients import defer_by_default
+
+    def dense_chain(width, layers=2):
+        x = keras.Input((width,))
+        h = x
+        for _ in range(layers):
+            h = keras.layers.Dense(width)(h)
+        return keras.Model(x, keras.layers.Activation("relu")(h))
+
+    # Dense(W): a step's rows x (W + W) of inputs and output gradients against W x W + W of weight gradients.
+    assert defer_by_default(dense_chain(64), rows=32)             # 32 x 128 <= 64 x 65
+    assert not defer_by_default(dense_chain(64), rows=33)         # 33 x 128 > 4160
+    assert not defer_by_default(keras.Sequential([keras.Input((3, 4)), keras.layers.Conv1D(2, 1)]), rows=1), \
+        "nothing to defer"
+
+
 def test_the_first_stage_fills_its_drain_with_a_weight_pass():
     # 1F1B's first stage: the earlier micro-batches' weight pass runs while the last backward's gradient is
     # awaited, the last micro-batch's after it; every backward is covered by exactly one weight pass.

@@ -1,0 +1,89 @@
+"""Issue 20 §3-§4: pipelining as a user launches it, against serial one-thread Keras; writes
+results/pipeline_defaults/.
+
+    python -m bench.pipeline.defaults [--out results/pipeline_defaults] [--repeats 3] [--widths 512,2048]
+                                      [--batches 128,1024]
+
+Per model (8 x Dense(W), Adam) and global batch: serial on one TensorFlow thread (`tarantella -n 1` with
+TF_NUM_INTRAOP_THREADS=TF_NUM_INTEROP_THREADS=1), and a 2-stage 1F1B pipeline at M = 8 launched with
+`tarantella -n 2` and nothing else (the launcher's thread defaults, no pinning; program.py
+--launcher-threads), its model built in `tnt.deferred_weights()`, with the schedule's default for deferred
+weight gradients and with them on. The configurations alternate within each repeat (A/B/C, A/B/C, ...), so
+drift in the machine's speed touches all alike; rows are medians over the repeats.
+
+Reported per row: steady-state samples/s and its fraction of the ideal S M / (M + S - 1) x serial, and the
+peak resident memory growth of the largest rank from before the model is built (getrusage's ru_maxrss),
+and its ratio to serial's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+from bench.machine import describe_machine, describe_source
+from bench.pipeline.sweep import REPO, median_row, run
+
+SERIAL_ENV = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+
+
+def configurations(width: int, batch: int) -> list[tuple[str, int, list[str], dict | None]]:
+    # Enough steps for a steady state of a few seconds (serial one-thread step: ~12 ms at Dense(512)/128,
+    # ~0.9 s at Dense(2048)/1024).
+    steps = str(max(20, min(200, (25_000_000 * 128) // (width * width * batch))))
+    model = ["--width", str(width), "--batch", str(batch), "--steps", steps, "--launcher-threads"]
+    pipeline = ["--mode", "pipeline", "--micro-batches", "8", "--schedule", "1f1b", "--deferred"] + model
+    return [("serial", 1, ["--mode", "serial"] + model, SERIAL_ENV),
+            ("pipeline", 2, pipeline + ["--defer", "default"], None),
+            ("pipeline, weight gradients deferred", 2, pipeline + ["--defer", "on"], None)]
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | global batch | run | samples/s | of ideal | peak RSS growth (MiB) | of serial | load |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| 8 x Dense({row['width']}) | {row['global_batch']} | {row['run']} | {row['samples_per_s']} | "
+                     f"{row.get('fraction_of_ideal', '')} | {row['max_rank_peak_rss_growth_mib']} | "
+                     f"{row.get('memory_of_serial', '')} | {row['loadavg_1min_max']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join(REPO, "results", "pipeline_defaults"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--widths", default="512,2048")
+    parser.add_argument("--batches", default="128,1024")
+    options = parser.parse_args()
+    os.makedirs(options.out, exist_ok=True)
+    context = {"machine": describe_machine(), "source": describe_source()}
+    raw, rows = [], []
+    for width in map(int, options.widths.split(",")):
+        for batch in map(int, options.batches.split(",")):
+            runs = {name: [] for name, *_ in configurations(width, batch)}
+            for repeat in range(options.repeats):
+                for name, ranks, args, env in configurations(width, batch):
+                    result = run(ranks, args, env=env)
+                    result.update(context, run=name, repeat=repeat)
+                    runs[name].append(result)
+                    raw.append(result)
+            serial = median_row("serial", runs["serial"], None)
+            for name, results in runs.items():
+                row = median_row(f"8 x Dense({width})", results, serial if name != "serial" else None)
+                row.update(run=name, width=width)
+                row["memory_of_serial"] = round(row["max_rank_peak_rss_growth_mib"]
+                                                / serial["max_rank_peak_rss_growth_mib"], 3)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    with open(os.path.join(options.out, "runs.jsonl"), "w") as handle:
+        for result in raw:
+            handle.write(json.dumps(result) + "\n")
+    with open(os.path.join(options.out, "table.md"), "w") as handle:
+        handle.write(f"Machine: {json.dumps(context['machine'])}\nSource: {json.dumps(context['source'])}\n\n")
+        handle.write(table(rows))
+    print(table(rows), flush=True)
+
+
+if __name__ == "__main__":
+    main()
