@@ -31,9 +31,9 @@ gradients it saves accumulating: when a step's rows x (inputs + units) of the
 deferred layers is at most their kernels' and biases' size (`defer_by_default`;
 for Dense(W) layers, 2 x rows <= W). Measured (2 stages, M = 8, Adam,
 `tarantella -n 2` with its defaults, medians of 3, results/pipeline_defaults):
-8 x Dense(512) at batch 128 +29 % samples/s, 8 x Dense(2048) +22 % at 128 and
-+10 % at 1024, where the rule defers; at 8 x Dense(512), batch 1024, where it
-does not, deferring gave -3 % and +27 % peak memory.
+8 x Dense(512) at batch 128 +19 % samples/s, 8 x Dense(2048) +30 % at 128 and
++11 % at 1024, where the rule defers; at 8 x Dense(512), batch 1024, where it
+does not, deferring gave -2 % and +26 % peak memory.
 A B pass's results include its dz's, so the backward's work runs in that
 pass (not later, whenever TensorFlow's executor is free, which would keep the
 tape's activations alive and blur the per-pass timestamps).
