@@ -8,8 +8,9 @@ Per model (8 x Dense(W), Adam) and global batch: serial on one TensorFlow thread
 TF_NUM_INTRAOP_THREADS=TF_NUM_INTEROP_THREADS=1), and a 2-stage 1F1B pipeline at M = 8 launched with
 `tarantella -n 2` and nothing else (the launcher's thread defaults, no pinning; program.py
 --launcher-threads), its model built in `tnt.deferred_weights()`, with weight gradients per backward and
-deferred to one weight pass per step (1F1B's default picks one: weight_gradients.defer_by_default). The configurations alternate within each repeat (A/B/C, A/B/C, ...), so
-drift in the machine's speed touches all alike; rows are medians over the repeats.
+deferred to one weight pass per step (1F1B's default picks one: weight_gradients.defer_by_default). The
+configurations alternate within each repeat (A/B/C, A/B/C, ...), so drift in the machine's speed touches
+all alike; rows are medians over the repeats.
 
 Reported per row: steady-state samples/s and its fraction of the ideal S M / (M + S - 1) x serial, and the
 peak resident memory growth of the largest rank from before the model is built (getrusage's ru_maxrss),
@@ -29,8 +30,7 @@ SERIAL_ENV = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
 
 
 def configurations(width: int, batch: int) -> list[tuple[str, int, list[str], dict | None]]:
-    # Enough steps for a steady state of a few seconds (serial one-thread step: ~12 ms at Dense(512)/128,
-    # ~0.9 s at Dense(2048)/1024).
+    # Steps for a steady state of seconds: 95 at Dense(512)/128 (a serial step of tens of ms), 20 elsewhere.
     steps = str(max(20, min(200, (25_000_000 * 128) // (width * width * batch))))
     model = ["--width", str(width), "--batch", str(batch), "--steps", steps, "--launcher-threads"]
     pipeline = ["--mode", "pipeline", "--micro-batches", "8", "--schedule", "1f1b", "--deferred"] + model
@@ -68,9 +68,11 @@ def main() -> None:
                     result.update(context, run=name, repeat=repeat)
                     runs[name].append(result)
                     raw.append(result)
-            serial = median_row("serial", runs["serial"], None)
+            serial = None   # the row of the first configuration, serial
             for name, results in runs.items():
-                row = median_row(f"8 x Dense({width})", results, serial if name != "serial" else None)
+                row = median_row(f"8 x Dense({width})", results, serial)
+                if serial is None:
+                    serial = row
                 row.update(run=name, width=width)
                 row["memory_of_serial"] = round(row["max_rank_peak_rss_growth_mib"]
                                                 / serial["max_rank_peak_rss_growth_mib"], 3)
