@@ -25,7 +25,8 @@ update's temporaries at once. One wait is kept: a stage's last backward sends
 its input gradients upstream, where the stage before waits for them, so its
 updates wait for those sends (the first stage sends nothing upstream: its
 updates run as soon as their gradients are final). Measured (8 x Dense(2048),
-Adam, 2 stages, M = 8, batch 128, `tarantella -n 2`): the first stage's peak
+Adam, 2 stages, M = 8, batch 128, `tarantella -n 2`; bench/pipeline/program.py,
+the variants built by hand for the comparison): the first stage's peak
 growth 400-422 -> 367-379 MiB; without the kept wait, the last stage's too
 (409-424 -> 374-375 MiB), but 8 x Dense(512) at batch 128 then trained 10-16 %
 slower (3 pairs: 4389/3906, 4352/3931, 3660/3064 samples/s): the updates
