@@ -63,6 +63,18 @@ def _parse_timeline_path(text: str) -> str:
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "hierarchical", "mpi")
 
 
+SHARD_MODES = ("optimizer", "gradients", "weights")
+
+
+def _parse_shard(text: str) -> str:
+    mode = text.strip().lower()
+    if mode in ("", "off", "none"):
+        return ""
+    if mode not in SHARD_MODES:
+        raise ValueError(f"expected one of {', '.join(SHARD_MODES)} or off, got {text!r}")
+    return mode
+
+
 def _parse_algorithm(text: str) -> str:
     name = text.strip().lower()
     if name not in ALLREDUCE_ALGORITHMS:
@@ -116,6 +128,10 @@ SETTINGS: tuple[Setting, ...] = (
             "each rank's peak resident memory may not exceed this size (e.g. 1.5GiB, 800MiB; powers of "
             "1024); a rank over it ends the job naming rank, host, peak and budget; 0 or empty: no budget "
             "(Note [The per-rank memory budget] in tarantella/memory_budget.py)"),
+    Setting("shard", "TNT_SHARD", "--shard", "", _parse_shard, "",
+            "shard the training state of data-parallel models over the ranks (ZeRO): optimizer (stage 1: "
+            "each rank keeps the optimizer state of its own variables); empty or off: every rank keeps all of it "
+            "(tnt.Model's shard= argument overrides it; Note [A sharded update] in tarantella/sharding/update.py)"),
     Setting("timeline", "TNT_TIMELINE", "--timeline", "", _parse_timeline_path, "",
             "write a Chrome/Perfetto trace of the training (steps, backward pass, per-bucket allreduce, "
             "optimizer update, metric reduction, pipeline passes) to this file, merged from every rank at "
@@ -138,6 +154,7 @@ class Config:
     no_gpu: bool
     memory_budget_bytes: int = 0
     timeline: str = ""
+    shard: str = ""
 
     @property
     def fusion_threshold_bytes(self) -> int:

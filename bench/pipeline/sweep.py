@@ -48,8 +48,10 @@ COLUMNS = ["model", "mode", "schedule", "defer_weight_gradients", "micro_batches
 PIPELINES = [("gpipe", "default"), ("1f1b", "default"), ("1f1b", "on")]
 
 
-def run(ranks: int, options: list[str], timeout: float = 600, env: dict | None = None) -> dict:
-    command = [sys.executable, "-m", "tarantella.launcher", "-n", str(ranks), "--", PROGRAM, *options]
+def run(ranks: int, options: list[str], timeout: float = 600, env: dict | None = None,
+        program: str = PROGRAM) -> dict:
+    """`tarantella -n ranks -- program options` (the launcher's defaults); the RESULT line's JSON."""
+    command = [sys.executable, "-m", "tarantella.launcher", "-n", str(ranks), "--", program, *options]
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     for line in done.stdout.splitlines():

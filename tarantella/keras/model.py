@@ -41,7 +41,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella import collectives, deferred_build, runtime
+from tarantella import collectives, deferred_build, runtime, sharding
 from tarantella._repro import exact_train_step
 from tarantella._repro import hook as repro_hook
 from tarantella.data import distributed_dataset, order_check, serial_order, user_input
@@ -52,6 +52,7 @@ from tarantella.keras import batch_position, empty_micro_batch, global_batch_nor
 from tarantella.keras.blocking_allreduce import BlockingAllreduce
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras.parallel_strategy import ParallelStrategy
+from tarantella.pipeline import stage_state
 from tarantella import timeline
 from tarantella.timeline import step_events
 
@@ -84,7 +85,9 @@ class Model(keras.Model):
     overlap_communication=False starts the gradient allreduce only once the
     whole backprop is done (for measuring what overlap buys).
     batch_norm="global" (default): BatchNormalization uses the global batch's statistics, as serial Keras;
-    "local": each rank's micro-batch statistics (Note [What differs from serial training])."""
+    "local": each rank's micro-batch statistics (Note [What differs from serial training]).
+    shard="optimizer": each rank keeps the optimizer state of its own share of the variables only (ZeRO stage 1,
+    Note [A sharded update] in tarantella/sharding/update.py); None: the launcher's --shard (default off)."""
 
     # What tnt-repro's records call this model's strategy (read there without importing this module).
     tnt_strategy = "data parallel (tnt.Model)"
@@ -107,7 +110,7 @@ class Model(keras.Model):
 
     def __init__(self, model: keras.Model, parallel_strategy=ParallelStrategy.DATA,
                  overlap_communication: bool = True, name: str | None = None,
-                 batch_norm: str = batch_position.GLOBAL_BATCH_NORM, **pipelining):
+                 batch_norm: str = batch_position.GLOBAL_BATCH_NORM, shard: str | None = None, **pipelining):
         if isinstance(model, Model):
             raise TypeError("tarantella: this model is already a tnt.Model")
         if not isinstance(model, keras.Model):
@@ -120,6 +123,11 @@ class Model(keras.Model):
             raise ValueError(f"tarantella: unknown parallel_strategy {parallel_strategy!r}; use "
                              f"tnt.ParallelStrategy.DATA, PIPELINING or ALL")
         batch_position.check_batch_norm(batch_norm)
+        shard = sharding.resolve_mode(shard)
+        if shard and user_steps.overridden(model):
+            raise ValueError(f"tarantella: shard={shard!r} is not available for a model with its own training logic "
+                             f"({type(model).__name__} overrides {', '.join(user_steps.overridden(model))}) in this "
+                             f"release; train it unsharded")
         super().__init__(name=name or model.name)
         serial_random.install()
         global_batch_norm.install()
@@ -129,6 +137,9 @@ class Model(keras.Model):
         self.parallel_strategy = parallel_strategy
         self.overlap_communication = overlap_communication
         self.world_size = runtime.get_size()
+        self.shard = shard
+        self._sharded_update: sharding.ShardedUpdate | None = None
+        self._loaded_optimizer = None     # a built optimizer handed to compile: its state, for the sharded one
         self._allreducers: list[tuple[str, GraphAllreducer]] = []  # (purpose, allreducer)
         self._gradient_allreducer: GraphAllreducer | None = None
         self._metric_state_count = 0  # metric tensors riding at the end of the gradient allreducer
@@ -193,10 +204,30 @@ class Model(keras.Model):
 
     def save(self, filepath, overwrite=True, **kwargs):
         """The master rank writes the wrapped model as a plain `.keras` file; other ranks do nothing
-        (every rank writes with --output-on-all-devices, like the output callbacks). Not a collective.
-        Load it with keras.saving.load_model or tnt.models.load_model."""
+        (every rank writes with --output-on-all-devices, like the output callbacks). Not a collective,
+        except with shard="optimizer": then every rank must call it, the master gathers every rank's optimizer
+        state and writes the file alone. Load it with keras.saving.load_model or tnt.models.load_model."""
+        if self._sharded_update is not None:
+            self._save_gathered(filepath, overwrite, **kwargs)
+            return
         if not rank_callbacks.output_on_this_rank():
             return
+        self._write(filepath, overwrite, **kwargs)
+
+    def _save_gathered(self, filepath, overwrite, **kwargs) -> None:
+        """Collective: the master's copy of the optimizer holds every rank's state while it writes (the whole
+        state, on the master, for the time of the write), then gives it back."""
+        materialized = stage_state.gather_optimizer_on_master(self.optimizer, self._sharded_update.owned,
+                                                              self._model.optimizer, self._model.trainable_variables)
+        try:
+            if runtime.is_master_rank():
+                self._write(filepath, overwrite, **kwargs)
+        finally:
+            for variable in materialized:
+                stage_state.release(variable)
+            collectives.barrier()
+
+    def _write(self, filepath, overwrite, **kwargs) -> None:
         path = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
         if path is None or not path.endswith(".keras") or not overwrite:
             self._model.save(filepath, overwrite=overwrite, **kwargs)
@@ -238,10 +269,21 @@ class Model(keras.Model):
 
     def _compile_direct(self, optimizer="rmsprop", loss=None, metrics=None, **kwargs):
         _check_loss_reduction(loss)
+        sharded = self._is_sharded()
+        if sharded and isinstance(optimizer, keras.optimizers.Optimizer) and optimizer.built:
+            # A loaded model's optimizer holds every variable's state: the sharded one is a new copy, built on this
+            # rank's variables, that takes this rank's part of that state at the first fit.
+            self._loaded_optimizer, optimizer = optimizer, _unbuilt_copy(optimizer)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False, **kwargs)
-        # The wrapped model is compiled alike (sharing the optimizer) so that its saved file is complete.
-        self._model.compile(optimizer=self.optimizer, loss=loss, metrics=metrics, jit_compile=False, **kwargs)
+        # The wrapped model is compiled alike so that its saved file is complete: sharing the optimizer, or, when
+        # sharded, with an unbuilt copy that gets every rank's state only to be saved (save()).
+        self._model.compile(optimizer=_unbuilt_copy(self.optimizer) if sharded else self.optimizer, loss=loss,
+                            metrics=metrics, jit_compile=False, **kwargs)
+        self._sharded_update = None   # made for this optimizer before the next step (_prepare)
         self._close_allreducers()
+
+    def _is_sharded(self) -> bool:
+        return bool(self.shard) and self.world_size > 1
 
     @property
     def loss_tracker(self) -> keras.metrics.Metric:
@@ -285,6 +327,15 @@ class Model(keras.Model):
         """The train step sums the metric state in the gradient reduction
         (Note [Metric state rides with the gradients] in metric_reduction.py)."""
         return self.world_size > 1 and self._metrics_ride
+
+    def apply_optimizer(self, gradients, variables) -> None:
+        """The optimizer's update of `variables` with their summed gradients (call while tracing a train step):
+        with shard="optimizer", this rank's share of the update and the hand-over of the new weights (Note [A
+        sharded update] in tarantella/sharding/update.py)."""
+        if self._sharded_update is None:
+            self.optimizer.apply(gradients, variables)
+        else:
+            self._sharded_update.apply(self.optimizer, gradients, variables)
 
     def reduce_gradients(self, gradients, variables):
         """Sum of every rank's gradients (called while tracing the train step)."""
@@ -385,6 +436,8 @@ class Model(keras.Model):
             x, class_weight = class_weights.with_class_weights(x, class_weight), None
         elif class_weight:
             sample_weight, class_weight = class_weights.array_sample_weights(y, sample_weight, class_weight), None
+        if self._is_sharded():
+            _check_callbacks_for_sharding(callbacks)
         seed, keras_order = serial_order.shared_shuffle()
         train = self._distribute(x, y, sample_weight, batch_size=batch_size, micro_batch_size=tnt_micro_batch_size,
                                  shuffle=shuffle if not isinstance(x, tf.data.Dataset) else False, seed=seed,
@@ -474,6 +527,18 @@ class Model(keras.Model):
             x, _, _ = keras.utils.unpack_x_y_sample_weight(dataset.element_spec[distributed_dataset.DATA])
             self(tf.nest.map_structure(empty_micro_batch.sample_like, x), training=False)
         self._synchronize_weights()
+        if self._is_sharded() and self._sharded_update is None and self.compiled and not self._own_logic:
+            self._shard_optimizer()
+
+    def _shard_optimizer(self) -> None:
+        """Collectively, once per compile: build the optimizer on this rank's share of the variables (Note [A
+        sharded update] in tarantella/sharding/update.py), taking that share of a loaded model's state."""
+        self._sharded_update = sharding.ShardedUpdate(self.trainable_variables, self.optimizer, self.world_size,
+                                                      runtime.get_rank())
+        if self._loaded_optimizer is not None:
+            stage_state.assign_by_name(stage_state.optimizer_state_by_name(self.optimizer),
+                                       stage_state.optimizer_state_by_name(self._loaded_optimizer))
+            self._loaded_optimizer = None
 
     def _synchronize_weights(self) -> None:
         """Once, collectively: every rank starts from the master rank's weights (seeded or not)."""
@@ -491,6 +556,26 @@ class Model(keras.Model):
         for variable in self._model.variables:
             if id(variable) not in weights:
                 variable.assign(collectives.broadcast(np.array(variable.numpy(), copy=True), root=root))
+
+
+def _unbuilt_copy(optimizer):
+    """A new optimizer configured as `optimizer`, without its state. Keras's config leaves out the weight-decay
+    exclusions (exclude_from_weight_decay), which the copy keeps."""
+    copy = optimizer.__class__.from_config(optimizer.get_config())
+    for source, target in ((optimizer, copy), (getattr(optimizer, "inner_optimizer", None),
+                                               getattr(copy, "inner_optimizer", None))):
+        for name in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
+            if source is not None and hasattr(source, name):
+                setattr(target, name, getattr(source, name))
+    return copy
+
+
+def _check_callbacks_for_sharding(callbacks) -> None:
+    for callback in callbacks or []:
+        if isinstance(callback, (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore)):
+            raise ValueError(f"tarantella: {type(callback).__name__} is not available with shard='optimizer' in this "
+                             f"release (the master alone cannot gather the sharded optimizer state); call "
+                             f"model.save(path) on every rank after fit, or train unsharded")
 
 
 def _check_jit_compile(jit_compile) -> None:

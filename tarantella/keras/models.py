@@ -16,9 +16,10 @@ def compile_like(distributed, model: keras.Model) -> None:
 
 
 def load_model(filepath, custom_objects=None, compile=True, parallel_strategy=ParallelStrategy.DATA,
-               **kwargs):
+               shard=None, **kwargs):
     """Every rank loads the `.keras` file (it must be readable by all ranks) and wraps it in a
-    tnt.Model; a compiled model stays compiled, with its optimizer state."""
+    tnt.Model; a compiled model stays compiled, with its optimizer state (with shard="optimizer", each rank
+    keeps its own share of that state from the first fit on)."""
     from tarantella.keras.model import Model
     model = keras.saving.load_model(filepath, custom_objects=custom_objects, compile=compile, **kwargs)
-    return Model(model, parallel_strategy=parallel_strategy)
+    return Model(model, parallel_strategy=parallel_strategy, shard=shard)

@@ -19,10 +19,10 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from tarantella import collectives
+from tarantella import collectives, runtime
 
 __all__ = ["release", "was_released", "materialize", "is_released", "held_bytes", "check_release_supported",
-           "gather_to_root",
+           "gather_to_root", "gather_optimizer_on_master",
            "optimizer_state_by_name", "assign_by_name"]
 
 
@@ -77,6 +77,33 @@ def gather_to_root(values_by_key: dict, keys: list, specs: dict, owner_rank: dic
         if rank == root:
             gathered[key] = np.array(value, copy=True).reshape(shape)
     return gathered
+
+
+def gather_optimizer_on_master(part_optimizer, part_variables, whole_optimizer, whole_variables) -> list:
+    """Collective: the master's `whole_optimizer` (built on `whole_variables` if it is not) gets the state
+    of every rank's `part_optimizer` (built on that rank's `part_variables`), matched by name; a name held
+    by several ranks (the iteration count, a replica's copy) is taken from the lowest. Returns, on the
+    master, the whole optimizer's variables (to release once written)."""
+    if not part_optimizer.built:
+        part_optimizer.build(part_variables)
+    mine = optimizer_state_by_name(part_optimizer)
+    infos = collectives.allgather_object({n: (tuple(v.shape), v.dtype) for n, v in mine.items()})
+    owner, specs = {}, {}
+    for r, info in enumerate(infos):
+        for name, spec in info.items():
+            owner.setdefault(name, r)
+            specs.setdefault(name, spec)
+    names = sorted(owner)
+    master, rank = runtime.get_master_rank(), runtime.get_rank()
+    gathered = gather_to_root({n: v.numpy() for n, v in mine.items() if owner[n] == rank}, names, specs, owner,
+                              master, rank)
+    if rank != master:
+        return []
+    if not whole_optimizer.built:
+        whole_optimizer.build(whole_variables)
+    state = optimizer_state_by_name(whole_optimizer)
+    assign_by_name(state, gathered)
+    return list(state.values())
 
 
 def optimizer_state_by_name(optimizer) -> dict:

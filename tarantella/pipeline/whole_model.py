@@ -134,25 +134,7 @@ class WholeModel:
         return materialized
 
     def _gather_optimizer_on_master(self, stage_optimizer, stage_model) -> list:
-        """Collective: the master's whole-model optimizer gets every stage's optimizer state."""
-        if not stage_optimizer.built:
-            stage_optimizer.build(stage_model.trainable_variables)
-        mine = stage_state.optimizer_state_by_name(stage_optimizer)
-        infos = collectives.allgather_object({n: (tuple(v.shape), v.dtype) for n, v in mine.items()})
-        owner, specs = {}, {}
-        for r, info in enumerate(infos):       # replica 0's ranks come first
-            for name, spec in info.items():
-                owner.setdefault(name, r)
-                specs.setdefault(name, spec)
-        names = sorted(owner)
-        master, rank = runtime.get_master_rank(), runtime.get_rank()
-        gathered = stage_state.gather_to_root({n: v.numpy() for n, v in mine.items() if owner[n] == rank}, names,
-                                              specs, owner, master, rank)
-        if rank != master:
-            return []
-        whole = self.model.optimizer
-        if not whole.built:
-            whole.build(self.model.trainable_variables)
-        state = stage_state.optimizer_state_by_name(whole)
-        stage_state.assign_by_name(state, gathered)
-        return list(state.values())
+        """Collective: the master's whole-model optimizer gets every stage's optimizer state (replica 0's ranks
+        come first, so a stage's state is taken from its replica 0)."""
+        return stage_state.gather_optimizer_on_master(stage_optimizer, stage_model.trainable_variables,
+                                                      self.model.optimizer, self.model.trainable_variables)

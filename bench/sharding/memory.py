@@ -1,0 +1,96 @@
+"""Issue 21 §3: optimizer state, peak memory and step time per rank, sharded (ZeRO stage 1) against plain data
+parallelism, side by side in one run; writes results/sharding/.
+
+    python -m bench.sharding.memory [--out results/sharding] [--ranks 1,2,4] [--repeats 1]
+                                    [--width 4096 --depth 6 --batch 64 --steps 6]
+
+Per rank count, `tarantella -n N` (the launcher's defaults) runs bench/sharding/program.py unsharded and with
+shard="optimizer", alternating within each repeat; rows are medians over the repeats, of the largest rank's
+figures (program.py says what each one measures). Ratios are to the unsharded run at the same rank count.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+from bench.machine import describe_machine, describe_source
+from bench.pipeline.sweep import REPO, run
+
+PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
+MODES = ("off", "optimizer")
+
+
+def row_of(results: list[dict]) -> dict:
+    first = results[0]
+
+    def largest(key):
+        return statistics.median(max(rank[key] for rank in r["per_rank"]) for r in results)
+
+    loads = [max(rank["loadavg_before"][0], rank["loadavg_after"][0]) for r in results for rank in r["per_rank"]]
+    return {"shard": first["shard"], "ranks": first["ranks"], "params": first["params"],
+            "weights_mib": round(first["weights_mib"], 1), "global_batch": first["global_batch"],
+            "optimizer_state_mib": round(largest("optimizer_state_mib"), 1),
+            "peak_rss_growth_mib": round(largest("peak_rss_growth_mib"), 1),
+            "step_s": round(largest("step_s"), 3), "repeats": len(results), "loadavg_1min_max": round(max(loads), 2)}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| ranks | shard | optimizer state per rank (MiB) | of unsharded | peak RSS growth per rank (MiB) | "
+             "of unsharded | step (s) | of unsharded | load |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['ranks']} | {row['shard']} | {row['optimizer_state_mib']} | "
+                     f"{row.get('optimizer_state_of_unsharded', '')} | {row['peak_rss_growth_mib']} | "
+                     f"{row.get('peak_rss_of_unsharded', '')} | {row['step_s']} | {row.get('step_of_unsharded', '')} | "
+                     f"{row['loadavg_1min_max']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join(REPO, "results", "sharding"))
+    parser.add_argument("--ranks", default="1,2,4")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--width", type=int, default=4096)
+    parser.add_argument("--depth", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=6)
+    options = parser.parse_args()
+    os.makedirs(options.out, exist_ok=True)
+    context = {"machine": describe_machine(), "source": describe_source()}
+    model = ["--width", str(options.width), "--depth", str(options.depth), "--batch", str(options.batch),
+             "--steps", str(options.steps)]
+    raw, rows = [], []
+    for ranks in map(int, options.ranks.split(",")):
+        results = {mode: [] for mode in MODES}
+        for repeat in range(options.repeats):
+            for mode in MODES:
+                result = run(ranks, ["--shard", mode] + model, timeout=1800, program=PROGRAM)
+                result.update(context, repeat=repeat)
+                results[mode].append(result)
+                raw.append(result)
+        unsharded = row_of(results["off"])
+        for mode in MODES:
+            row = row_of(results[mode])
+            if mode != "off":
+                row["optimizer_state_of_unsharded"] = round(row["optimizer_state_mib"]
+                                                            / unsharded["optimizer_state_mib"], 3)
+                row["peak_rss_of_unsharded"] = round(row["peak_rss_growth_mib"] / unsharded["peak_rss_growth_mib"], 3)
+                row["step_of_unsharded"] = round(row["step_s"] / unsharded["step_s"], 3)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    with open(os.path.join(options.out, "runs.jsonl"), "w") as handle:
+        for result in raw:
+            handle.write(json.dumps(result) + "\n")
+    with open(os.path.join(options.out, "table.md"), "w") as handle:
+        handle.write(f"Machine: {json.dumps(context['machine'])}\nSource: {json.dumps(context['source'])}\n\n")
+        handle.write(f"Model: {options.depth} x Dense({options.width}) + Dense(10), Adam, global batch "
+                     f"{options.batch}, {options.steps} steps; `python -m bench.sharding.memory`\n\n")
+        handle.write(table(rows))
+    print(table(rows), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""One run of issue 21's memory benchmark, started by bench/sharding/memory.py through the launcher:
+
+    tarantella -n N -- bench/sharding/program.py --shard optimizer|off [--width 4096 --depth 6 --batch 64 --steps 6]
+
+An MLP of `depth` x Dense(width) with Adam, trained data-parallel by tnt.Model(shard=...) for `steps` steps of the
+global batch. Rank 0 prints one RESULT line (JSON) with every rank's figures:
+- optimizer_state_mib: the bytes of the rank's optimizer variables (slots, iteration count), exact;
+- peak_rss_growth_mib: peak resident memory (getrusage's ru_maxrss) minus the resident memory before the model
+  is built, i.e. weights, gradients, the reducer's buffers, optimizer state, activations and TensorFlow's
+  working memory;
+- step_s: the median time of a training step after the first two (tracing, warm-up).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import time
+
+import numpy as np
+import tensorflow as tf  # noqa: F401  (before keras, as in user scripts)
+import keras
+
+import tarantella as tnt
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--shard", default="off")
+parser.add_argument("--width", type=int, default=4096)
+parser.add_argument("--depth", type=int, default=6)
+parser.add_argument("--batch", type=int, default=64)
+parser.add_argument("--steps", type=int, default=6)
+args = parser.parse_args()
+MIB = 1024.0 * 1024.0
+
+
+def resident_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+class StepTimes(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.times, self._began = [], 0.0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._began = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.times.append(time.perf_counter() - self._began)
+
+
+rank, size = tnt.get_rank(), tnt.get_size()
+rng = np.random.default_rng(0)
+x = rng.standard_normal((args.batch * args.steps, args.width)).astype(np.float32)
+y = rng.integers(0, 10, args.batch * args.steps).astype(np.int32)
+load_before = os.getloadavg()
+baseline = resident_mib()
+
+keras.utils.set_random_seed(1)
+layers = [keras.Input((args.width,))] + [keras.layers.Dense(args.width, activation="relu") for _ in range(args.depth)]
+model = tnt.Model(keras.Sequential(layers + [keras.layers.Dense(10)]), shard=args.shard)
+model.compile(optimizer=keras.optimizers.Adam(1e-4),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+times = StepTimes()
+model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0, callbacks=[times])
+
+mine = {
+    "rank": rank,
+    "optimizer_state_mib": sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.optimizer.variables)
+    / MIB,
+    "peak_rss_growth_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0 - baseline,
+    "step_s": statistics.median(times.times[2:] or times.times),
+    "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+}
+everyone = tnt.allgather_object(mine)
+if rank == 0:
+    params = model.count_params()
+    print("RESULT " + json.dumps({"shard": args.shard, "ranks": size, "width": args.width, "depth": args.depth,
+                                  "params": params, "weights_mib": params * 4 / MIB, "global_batch": args.batch,
+                                  "steps": args.steps, "per_rank": everyone}), flush=True)

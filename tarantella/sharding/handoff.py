@@ -1,0 +1,67 @@
+"""Hand each updated weight from its owner to the other ranks, inside the compiled step.
+
+Note [Handing the updated weights over]
+Under shard="optimizer" (ZeRO stage 1) a variable is updated on its owner only
+(Note [Whole variables to owners, balanced by bytes] in owners.py); the other
+ranks then need its new value. The owner sends it, as soon as its own update
+is done, to every other rank through the engine's point-to-point channels
+(the pipeline's TntSend/TntReceive ops); each other rank receives it and
+assigns it. The bytes travel as they are, so every rank ends with the owner's
+bits exactly. The transfers are ordered by their data alone (Note [Start and
+finish ops are not chained] in graph_allreduce.py), so a rank's sends of
+early-updated variables overlap its later updates and no rank waits for a
+transfer it does not need. A receive is posted once this rank's own updates
+are done: its buffer is the incoming weight, and posting it at the start of
+the step would hold (N-1)/N of the weights beside the step's activations.
+An owner sends each of its variables to the N-1 other ranks, so each rank
+receives (N-1)/N of the model's bytes: an allgather's volume, point-to-point
+rather than in a ring, which on one node (shared memory, single copy) costs
+the same and keeps no persistent buffer (the weights stay the only full copy).
+Across nodes a ring would spread the owner's sends; not done yet.
+The transfer ops are not stateful ops (the pipeline's schedule relies on
+that), so a send whose token nobody reads would be turned into a no-op by
+TensorFlow's graph optimiser: every send's token is added into a counter
+variable (`sends_completed`), whose update must run.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tarantella import tf_ops
+from tarantella.keras.graph_allreduce import unchained
+
+__all__ = ["WeightHandoff"]
+
+
+class WeightHandoff:
+    """Made on every rank with the same variables and owners; `channels` are this model's own (its tags are
+    the variables' indices, so they do not meet other users of the engine's channels)."""
+
+    def __init__(self, owners: list[int], rank: int, size: int, channels):
+        self.owners = owners
+        self.rank = rank
+        self.size = size
+        self.channels = channels          # kept open while the step graph uses its id
+        self.channels_id = channels.id
+        self._ops = tf_ops.load_ops()
+        # Weight transfers this rank has sent (Note above: it also keeps the sends in the graph).
+        self.sends_completed = tf.Variable(0, dtype=tf.int64, trainable=False, name="tnt_weight_sends")
+
+    def __call__(self, variables: list, after) -> None:
+        """Traced, after this rank's updates: the owners' new values everywhere. `after`: a tensor that exists
+        once this rank's own updates are done (the receives are posted then)."""
+        after = tf.cast(after, tf.int32)
+        sent = []
+        for tag, (variable, owner) in enumerate(zip(variables, self.owners)):
+            if owner == self.rank:
+                value = tf.convert_to_tensor(variable)  # read after this rank's update of it
+                for peer in range(self.size):
+                    if peer != self.rank:
+                        sent.append(unchained(self._ops.tnt_send(value, channels=self.channels_id, peer=peer,
+                                                                 tag=tag)))
+            else:
+                received = unchained(self._ops.tnt_receive(after, T=tf.as_dtype(variable.dtype), shape=tuple(variable.shape),
+                                                           channels=self.channels_id, peer=owner, tag=tag))
+                variable.assign(received)
+        if sent:
+            self.sends_completed.assign_add(tf.cast(tf.add_n([token + 1 for token in sent]), tf.int64))

@@ -1,0 +1,176 @@
+"""ZeRO stage 1 for tnt.Model: each rank keeps the optimizer state of its own variables only.
+
+Note [A sharded update]
+Every rank has the summed gradients of every variable (the fused allreduce,
+as without sharding). The optimizer, the user's unchanged Keras optimizer, is
+built on this rank's variables only (Note [Whole variables to owners,
+balanced by bytes] in owners.py), so its slots, EMA copies and gradient
+accumulators exist for them alone: 1/N of the optimizer state per rank. Each
+rank applies the update of its own variables and hands the new values to the
+others (Note [Handing the updated weights over] in handoff.py). Two of
+Keras's rules are about the whole model, not a variable, and are decided
+here, over every variable's gradients, identically on every rank (they all
+hold the same summed gradients):
+- `global_clipnorm`: the norm over all gradients. It is taken off the
+  optimizer (which would see only its part) and the owned gradients are
+  scaled by Keras's own factor, computed with Keras's arithmetic
+  (clip_by_global_norm in keras/src/optimizers/base_optimizer.py) on the
+  gradients the optimizer would have clipped: unscaled by a
+  LossScaleOptimizer's scale. Scaling before that unscaling rather than
+  after gives the same bits: the dynamic scale is a power of two.
+- a LossScaleOptimizer's decision to skip the step: its own check_finite over
+  all gradients; if any is not finite, the owned ones are made NaN, so the
+  owner's LossScaleOptimizer skips and lowers its scale as every other does.
+Everything per variable (clipnorm, clipvalue, weight decay and its
+exclusions, EMA, gradient accumulation, learning-rate schedules, which read
+the shared iteration count) runs in the optimizer as in serial Keras. So the
+weights equal unsharded training's bit for bit.
+"""
+from __future__ import annotations
+
+import logging
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tarantella import collectives, config, runtime
+from tarantella.pipeline import channels
+from tarantella.sharding.handoff import WeightHandoff
+from tarantella.sharding.owners import assign_owners, describe, variable_bytes
+
+__all__ = ["MODES", "resolve_mode", "ShardedUpdate", "unscaled_optimizer"]
+
+logger = logging.getLogger("tarantella")
+
+MODES = config.SHARD_MODES   # ZeRO stages 1, 2, 3
+_OFF = ("", "off", "none")
+
+
+def resolve_mode(shard) -> str | None:
+    """tnt.Model's `shard` argument (None: the launcher's --shard) as a mode, or None for no sharding."""
+    if shard is None:
+        shard = runtime.settings().shard
+    if shard is False or (isinstance(shard, str) and shard.strip().lower() in _OFF):
+        return None
+    if shard not in MODES:
+        raise ValueError(f"tarantella: shard={shard!r} is not a sharding mode; use one of {', '.join(map(repr, MODES))} "
+                         f"(ZeRO stages 1-3) or None")
+    if shard != "optimizer":
+        raise ValueError(f"tarantella: shard={shard!r} (ZeRO stage {MODES.index(shard) + 1}) is not available in this "
+                         f"release; shard='optimizer' (stage 1: optimizer state sharded) is")
+    return shard
+
+
+def unscaled_optimizer(optimizer):
+    """The optimizer that applies the unscaled gradients: a LossScaleOptimizer's inner one."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+class ShardedUpdate:
+    """Made on every rank, in the same order, once the model is built and compiled (opens channels)."""
+
+    def __init__(self, variables: list, optimizer, size: int, rank: int):
+        self.variables = list(variables)
+        sizes = [variable_bytes(v) for v in self.variables]
+        self.owners = assign_owners(sizes, size)
+        self.rank = rank
+        self.owned = [v for v, owner in zip(self.variables, self.owners) if owner == rank]
+        _check_shardable(optimizer, self.variables, size)
+        logger.info("tarantella: shard='optimizer': %s", describe(sizes, self.owners, size))
+        inner = unscaled_optimizer(optimizer)
+        # Note [A sharded update]: the whole model's norm is taken here, not by the optimizer.
+        self.global_clipnorm = inner.global_clipnorm
+        inner.global_clipnorm = None
+        if not optimizer.built:
+            optimizer.build(self.owned)
+        _finalize_owned_only(optimizer, self)
+        self.handoff = WeightHandoff(self.owners, rank, size, channels.open_channels())
+
+    def apply(self, optimizer, gradients, variables) -> None:
+        """Traced: update this rank's variables with their summed gradients, then every rank gets every
+        variable's new value (Note [A sharded update])."""
+        if [id(v) for v in variables] != [id(v) for v in self.variables]:
+            raise ValueError("tarantella: a sharded optimizer updates the model's trainable variables as a whole; "
+                             "got a different list of variables")
+        gradients = self._whole_model_decisions(optimizer, list(gradients))
+        mine = [i for i, owner in enumerate(self.owners) if owner == self.rank]
+        optimizer.apply([gradients[i] for i in mine], [variables[i] for i in mine])
+        # The receives are posted once this rank's own updates are written (Note [Handing the updated weights over]).
+        with tf.control_dependencies([tf.convert_to_tensor(variables[i]) for i in mine]):
+            done = tf.identity(tf.convert_to_tensor(optimizer.iterations))
+        self.handoff(variables, done)
+
+    def _whole_model_decisions(self, optimizer, gradients: list) -> list:
+        scaled = hasattr(optimizer, "inner_optimizer")
+        if not (self.global_clipnorm or scaled):
+            return gradients
+        if scaled:
+            finite = optimizer.check_finite(gradients)
+        if self.global_clipnorm:
+            factor = _global_clip_factor(_as_the_optimizer_clips_them(optimizer, gradients), self.global_clipnorm)
+            gradients = [g if g is None else _map_values(g, lambda v: v * tf.cast(factor, v.dtype)) for g in gradients]
+        if scaled:
+            gradients = [g if g is None else _map_values(g, lambda v: tf.where(finite, v, tf.constant(float("nan"),
+                                                                                                       v.dtype)))
+                         for g in gradients]
+        return gradients
+
+
+def _as_the_optimizer_clips_them(optimizer, gradients: list) -> list:
+    """The gradients as Keras's optimizer would clip them: divided by a LossScaleOptimizer's dynamic scale
+    (its _stateful_handle_finite_grads) and by the inner optimizer's loss_scale_factor (its apply)."""
+    if hasattr(optimizer, "inner_optimizer"):
+        gradients = [g if g is None else keras.ops.divide(g, optimizer.dynamic_scale) for g in gradients]
+    factor = unscaled_optimizer(optimizer).loss_scale_factor
+    if factor is not None:
+        gradients = [g if g is None else g / factor for g in gradients]
+    return gradients
+
+
+def _global_clip_factor(gradients: list, clip_norm: float):
+    """Keras's clip_by_global_norm scale factor, by Keras's arithmetic (global_norm, then the factor), so that
+    the clipped gradients have the bits the optimizer itself would give them."""
+    ops = keras.ops
+    use_norm = ops.sqrt(ops.sum(ops.stack([ops.sum(ops.square(g)) for g in gradients if g is not None])))
+    return clip_norm * ops.minimum(1.0 / use_norm, 1.0 / clip_norm) + (use_norm - use_norm)
+
+
+def _map_values(gradient, function):
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(function(gradient.values), gradient.indices, gradient.dense_shape)
+    return function(gradient)
+
+
+def _check_shardable(optimizer, variables: list, size: int) -> None:
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"tarantella: shard='optimizer' shards a Keras optimizer; got {type(optimizer).__name__}")
+    inner = unscaled_optimizer(optimizer)
+    if inner.global_clipnorm and inner.gradient_accumulation_steps:
+        raise ValueError(f"tarantella: shard='optimizer' cannot combine global_clipnorm with "
+                         f"gradient_accumulation_steps in {type(inner).__name__}: the norm of the accumulated "
+                         f"gradients would need every rank's accumulators; clip with clipnorm, or do not shard")
+    if len(variables) < size:
+        raise ValueError(f"tarantella: shard='optimizer' gives every rank whole variables to update, and this model "
+                         f"has {len(variables)} trainable variables for {size} ranks; train it unsharded or on at "
+                         f"most {len(variables)} ranks")
+    if optimizer.built:
+        raise ValueError(f"tarantella: shard='optimizer' builds the optimizer on this rank's variables only, and "
+                         f"{type(optimizer).__name__} is already built; compile the tnt.Model with a new optimizer")
+
+
+def _finalize_owned_only(optimizer, update: ShardedUpdate) -> None:
+    """Keras ends fit with optimizer.finalize_variable_values(model.trainable_weights) (EMA: the weights take
+    their averages). The averages exist for the owned variables only: those are finalized by their owner, then
+    handed to the others (a collective, at the end of fit on every rank)."""
+    finalize = optimizer.finalize_variable_values
+
+    def finalize_variable_values(var_list):
+        finalize(update.owned)
+        if unscaled_optimizer(optimizer).use_ema and len(set(update.owners)) > 1:
+            for variable, owner in zip(update.variables, update.owners):
+                buffer = (np.array(variable.numpy(), copy=True) if owner == update.rank
+                          else np.empty(tuple(variable.shape), variable.dtype))
+                variable.assign(collectives.broadcast(buffer, root=owner))
+
+    optimizer.finalize_variable_values = finalize_variable_values

@@ -1,0 +1,28 @@
+"""shard="optimizer" (ZeRO stage 1, issue 21): bitwise unsharded training and serial's within 1e-6 for six
+optimizer set-ups, owned state only, save and resume (tests/keras/programs/sharded_optimizer.py)."""
+import os
+
+import pytest
+
+from tests.multirank import run_ranks
+
+PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "sharded_optimizer.py")
+SET_UPS = ["SGD with momentum", "AdamW excluding biases from decay", "Adam with global_clipnorm",
+           "RMSprop with a schedule and EMA", "SGD accumulating 2 steps, clipnorm",
+           "LossScaleOptimizer(Adam, global_clipnorm)"]
+CHECKS = ["the optimizer state of each rank is its owned variables'",
+          "save writes the whole optimizer state, equal to unsharded training's",
+          "a saved sharded model resumes as the unsharded one does", "what is not available is refused in one line",
+          "done"]
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_sharded_optimizer_state_trains_as_unsharded(ranks):
+    result = run_ranks(ranks, PROGRAM, timeout=380, env={"TF_CPP_MIN_LOG_LEVEL": "2"}).check()
+    for rank in range(ranks):
+        lines = result.rank_stdout.get(rank, "")
+        for set_up in SET_UPS:
+            assert f"OK {set_up}: bitwise unsharded" in lines, f"rank {rank} missed {set_up!r}\n{result.describe()}"
+    result.assert_printed(CHECKS, range(ranks))
