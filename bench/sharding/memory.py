@@ -1,7 +1,7 @@
 """Issue 21 §3: optimizer state, peak memory and step time per rank, sharded (ZeRO stage 1) against plain data
 parallelism, side by side in one run; writes results/sharding/.
 
-    python -m bench.sharding.memory [--out results/sharding] [--ranks 1,2,4] [--repeats 1]
+    python -m bench.sharding.memory [--out results/sharding/DEPTHxWIDTH] [--ranks 1,2,4] [--repeats 1]
                                     [--width 4096 --depth 6 --batch 64 --steps 6]
 
 Per rank count, `tarantella -n N` (the launcher's defaults) runs bench/sharding/program.py unsharded and with
@@ -50,7 +50,7 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=os.path.join(REPO, "results", "sharding"))
+    parser.add_argument("--out", default=None, help="default: results/sharding/<depth>x<width>")
     parser.add_argument("--ranks", default="1,2,4")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--width", type=int, default=4096)
@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=6)
     options = parser.parse_args()
+    options.out = options.out or os.path.join(REPO, "results", "sharding", f"{options.depth}x{options.width}")
     os.makedirs(options.out, exist_ok=True)
     context = {"machine": describe_machine(), "source": describe_source()}
     model = ["--width", str(options.width), "--depth", str(options.depth), "--batch", str(options.batch),

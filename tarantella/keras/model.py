@@ -52,7 +52,7 @@ from tarantella.keras import batch_position, empty_micro_batch, global_batch_nor
 from tarantella.keras.blocking_allreduce import BlockingAllreduce
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras.parallel_strategy import ParallelStrategy
-from tarantella.pipeline import stage_state
+from tarantella.sharding import checkpoint as sharding_checkpoint
 from tarantella import timeline
 from tarantella.timeline import step_events
 
@@ -140,6 +140,7 @@ class Model(keras.Model):
         self.shard = shard
         self._sharded_update: sharding.ShardedUpdate | None = None
         self._loaded_optimizer = None     # a built optimizer handed to compile: its state, for the sharded one
+        self._master_restores_for_all = False
         self._allreducers: list[tuple[str, GraphAllreducer]] = []  # (purpose, allreducer)
         self._gradient_allreducer: GraphAllreducer | None = None
         self._metric_state_count = 0  # metric tensors riding at the end of the gradient allreducer
@@ -207,25 +208,18 @@ class Model(keras.Model):
         (every rank writes with --output-on-all-devices, like the output callbacks). Not a collective,
         except with shard="optimizer": then every rank must call it, the master gathers every rank's optimizer
         state and writes the file alone. Load it with keras.saving.load_model or tnt.models.load_model."""
-        if self._sharded_update is not None:
-            self._save_gathered(filepath, overwrite, **kwargs)
+        if self._sharded_update is not None:  # Note [Saving and restoring sharded optimizer state]
+            with self._gathered_optimizer_state() as writes:
+                if writes:
+                    self._write(filepath, overwrite, **kwargs)
             return
         if not rank_callbacks.output_on_this_rank():
             return
         self._write(filepath, overwrite, **kwargs)
 
-    def _save_gathered(self, filepath, overwrite, **kwargs) -> None:
-        """Collective: the master's copy of the optimizer holds every rank's state while it writes (the whole
-        state, on the master, for the time of the write), then gives it back."""
-        materialized = stage_state.gather_optimizer_on_master(self.optimizer, self._sharded_update.owned,
-                                                              self._model.optimizer, self._model.trainable_variables)
-        try:
-            if runtime.is_master_rank():
-                self._write(filepath, overwrite, **kwargs)
-        finally:
-            for variable in materialized:
-                stage_state.release(variable)
-            collectives.barrier()
+    def _gathered_optimizer_state(self):
+        return sharding_checkpoint.gathered_on_master(self.optimizer, self._sharded_update.owned,
+                                                      self._model.optimizer, self._model.trainable_variables)
 
     def _write(self, filepath, overwrite, **kwargs) -> None:
         path = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
@@ -239,11 +233,46 @@ class Model(keras.Model):
         os.replace(scratch, path)
 
     def save_weights(self, filepath, overwrite=True, **kwargs):
+        """As save: the master writes (every rank with --output-on-all-devices); with shard="optimizer" a
+        collective, the master writes alone."""
+        if self._sharded_update is not None:
+            with self._gathered_optimizer_state() as writes:
+                if writes:
+                    self._model.save_weights(filepath, overwrite=overwrite, **kwargs)
+            return
         if rank_callbacks.output_on_this_rank():
             self._model.save_weights(filepath, overwrite=overwrite, **kwargs)
 
     def load_weights(self, filepath, *args, **kwargs):
+        """Not a collective. With shard="optimizer" each rank that reads the file keeps its own share of the
+        optimizer state (Note [Saving and restoring sharded optimizer state])."""
+        if self._sharded_update is None:
+            self._model.load_weights(filepath, *args, **kwargs)
+            return
+        sharding_checkpoint.prepare_to_load(self._model.optimizer, self._model.trainable_variables)
         self._model.load_weights(filepath, *args, **kwargs)
+        sharding_checkpoint.take_share(self.optimizer, self._model.optimizer)
+        if not self._master_restores_for_all:
+            sharding_checkpoint.release(self._model.optimizer)
+
+    @property
+    def is_sharded(self) -> bool:
+        """Whether this rank keeps only its share of the optimizer state (shard="optimizer", set up by fit)."""
+        return self._sharded_update is not None
+
+    @contextlib.contextmanager
+    def master_restores_for_all(self):
+        """Within, on the master: a restored file's whole optimizer state is kept until
+        `share_restored_optimizer_state` (a collective, after) hands every rank its share."""
+        self._master_restores_for_all = True
+        try:
+            yield
+        finally:
+            self._master_restores_for_all = False
+
+    def share_restored_optimizer_state(self) -> None:
+        """Collective: every rank's share of the master's restored optimizer state (BackupAndRestore)."""
+        sharding_checkpoint.share_from_master(self.optimizer, self._model.optimizer)
 
     # --- compile -------------------------------------------------------------
 
@@ -436,8 +465,6 @@ class Model(keras.Model):
             x, class_weight = class_weights.with_class_weights(x, class_weight), None
         elif class_weight:
             sample_weight, class_weight = class_weights.array_sample_weights(y, sample_weight, class_weight), None
-        if self._is_sharded():
-            _check_callbacks_for_sharding(callbacks)
         seed, keras_order = serial_order.shared_shuffle()
         train = self._distribute(x, y, sample_weight, batch_size=batch_size, micro_batch_size=tnt_micro_batch_size,
                                  shuffle=shuffle if not isinstance(x, tf.data.Dataset) else False, seed=seed,
@@ -466,7 +493,8 @@ class Model(keras.Model):
         if virtual_batches:
             exact_train_step.prepare(virtual_batches, self.world_size)
         # tnt-repro's recorder (only under `tnt-repro check`) runs on every rank.
-        callbacks = list(rank_callbacks.callbacks_for_this_rank(callbacks) or []) + repro_hook.extra_callbacks()
+        callbacks = (list(rank_callbacks.callbacks_for_this_rank(callbacks, collective_saves=self.is_sharded) or [])
+                     + repro_hook.extra_callbacks())
         callbacks += order_check.callbacks(train=train, test=validation)  # collective, on every rank
         if timeline.enabled():  # Note [Timeline span names]
             callbacks.append(step_events.TimelineCallback(self._timeline_allreducers))
@@ -536,8 +564,7 @@ class Model(keras.Model):
         self._sharded_update = sharding.ShardedUpdate(self.trainable_variables, self.optimizer, self.world_size,
                                                       runtime.get_rank())
         if self._loaded_optimizer is not None:
-            stage_state.assign_by_name(stage_state.optimizer_state_by_name(self.optimizer),
-                                       stage_state.optimizer_state_by_name(self._loaded_optimizer))
+            sharding_checkpoint.take_share(self.optimizer, self._loaded_optimizer)
             self._loaded_optimizer = None
 
     def _synchronize_weights(self) -> None:
@@ -568,14 +595,6 @@ def _unbuilt_copy(optimizer):
             if source is not None and hasattr(source, name):
                 setattr(target, name, getattr(source, name))
     return copy
-
-
-def _check_callbacks_for_sharding(callbacks) -> None:
-    for callback in callbacks or []:
-        if isinstance(callback, (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore)):
-            raise ValueError(f"tarantella: {type(callback).__name__} is not available with shard='optimizer' in this "
-                             f"release (the master alone cannot gather the sharded optimizer state); call "
-                             f"model.save(path) on every rank after fit, or train unsharded")
 
 
 def _check_jit_compile(jit_compile) -> None:

@@ -80,15 +80,17 @@ def test_custom_loop_example_matches_serial(n):
 
 @pytest.mark.multirank
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("n", [1, 2])
-def test_backup_and_restore_resume_is_bitwise_equal(n, tmp_path):
+@pytest.mark.parametrize("n, shard", [(1, "off"), (2, "off"), (3, "optimizer")])
+def test_backup_and_restore_resume_is_bitwise_equal(n, shard, tmp_path):
     """The same command twice: the first run is killed (os._exit on every rank) in epoch 3, the second
-    resumes from the master's backup and must end with the uninterrupted run's weights, bit for bit."""
+    resumes from the master's backup and must end with the uninterrupted run's weights, bit for bit; also with
+    the optimizer state sharded (each rank's share comes back from the master's backup)."""
     program = os.path.join(PROGRAMS, "resume.py")
-    killed = run_ranks(n, program, args=[str(tmp_path)], timeout=180, env=ENV)
+    env = dict(ENV, SHARD=shard)
+    killed = run_ranks(n, program, args=[str(tmp_path)], timeout=180, env=env)
     assert killed.returncode != 0, killed.describe()
     assert sorted(os.listdir(tmp_path / "backup")) == ["latest.weights.h5", "training_metadata.json"]
-    found = results(run_ranks(n, program, args=[str(tmp_path)], timeout=180, env=ENV).check(), n)
+    found = results(run_ranks(n, program, args=[str(tmp_path)], timeout=180, env=env).check(), n)
     for values in found["resume"].values():
         assert values["resumed"] and values["epochs_run"] == 2 and values["bitwise_equal"], values
     assert not (tmp_path / "backup").exists()  # deleted at the end, by the master

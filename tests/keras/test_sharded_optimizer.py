@@ -12,7 +12,7 @@ SET_UPS = ["SGD with momentum", "AdamW excluding biases from decay", "Adam with 
            "LossScaleOptimizer(Adam, global_clipnorm)"]
 CHECKS = ["the optimizer state of each rank is its owned variables'",
           "save writes the whole optimizer state, equal to unsharded training's",
-          "a saved sharded model resumes as the unsharded one does", "what is not available is refused in one line",
+          "a saved sharded model resumes as the unsharded one does", "ModelCheckpoint writes the whole optimizer state",
           "done"]
 
 

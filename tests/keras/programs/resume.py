@@ -2,7 +2,9 @@
 argv[1]: a directory shared by the ranks. The first launch trains uninterrupted (reference), then trains
 again with BackupAndRestore and kills itself (os._exit, every rank) in epoch 3, batch 2 (a marker file
 says it did). The second, identical launch resumes from the master's backup and compares with the
-reference; one `RESULT <json>` line per rank."""
+reference; one `RESULT <json>` line per rank. With SHARD=optimizer in the environment the model's optimizer
+state is sharded (ZeRO stage 1): every rank joins the master's backups, and on resume takes its share of the
+restored state from the master."""
 import json
 import os
 import sys
@@ -25,7 +27,7 @@ y = rng.integers(0, 3, size=70)
 def make():
     keras.utils.set_random_seed(21)
     model = tnt.Model(keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
-                                        keras.layers.Dense(3)]))
+                                        keras.layers.Dense(3)]), shard=os.environ.get("SHARD", "off"))
     model.compile(optimizer=keras.optimizers.Adam(1e-2), metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
