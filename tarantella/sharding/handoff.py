@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from tarantella import tf_ops
 from tarantella.keras.graph_allreduce import unchained
+from tarantella.timeline import graph_marks
 
 __all__ = ["WeightHandoff"]
 
@@ -57,11 +58,12 @@ class WeightHandoff:
                 value = tf.convert_to_tensor(variable)  # read after this rank's update of it
                 for peer in range(self.size):
                     if peer != self.rank:
-                        sent.append(unchained(self._ops.tnt_send(value, channels=self.channels_id, peer=peer,
-                                                                 tag=tag)))
+                        token = unchained(self._ops.tnt_send(value, channels=self.channels_id, peer=peer, tag=tag))
+                        sent.append(graph_marks.mark(token, graph_marks.HANDED_OVER))  # timeline only
             else:
                 received = unchained(self._ops.tnt_receive(after, T=tf.as_dtype(variable.dtype), shape=tuple(variable.shape),
                                                            channels=self.channels_id, peer=owner, tag=tag))
                 variable.assign(received)
+                graph_marks.mark_after_updates([variable], graph_marks.HANDED_OVER)  # timeline only
         if sent:
             self.sends_completed.assign_add(tf.cast(tf.add_n([token + 1 for token in sent]), tf.int64))

@@ -38,6 +38,7 @@ from tarantella import collectives, config, runtime
 from tarantella.pipeline import channels
 from tarantella.sharding.handoff import WeightHandoff
 from tarantella.sharding.owners import assign_owners, describe, variable_bytes
+from tarantella.timeline import graph_marks
 
 __all__ = ["MODES", "resolve_mode", "ShardedUpdate", "unscaled_optimizer"]
 
@@ -98,7 +99,8 @@ class ShardedUpdate:
         optimizer.apply([gradients[i] for i in mine], [variables[i] for i in mine])
         # The receives are posted once this rank's own updates are written (Note [Handing the updated weights over]).
         with tf.control_dependencies([tf.convert_to_tensor(variables[i]) for i in mine]):
-            done = tf.identity(tf.convert_to_tensor(optimizer.iterations))
+            done = graph_marks.mark(tf.identity(tf.convert_to_tensor(optimizer.iterations)),
+                                    graph_marks.OWN_UPDATES)  # timeline only
         self.handoff(variables, done)
 
     def _whole_model_decisions(self, optimizer, gradients: list) -> list:

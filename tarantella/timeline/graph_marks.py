@@ -13,6 +13,7 @@ import numpy as np
 from tarantella.timeline import session
 
 __all__ = ["mark", "mark_each", "mark_after_updates", "drain", "LOSS", "GRADIENT", "REDUCED", "UPDATED",
+           "OWN_UPDATES", "HANDED_OVER",
            "STATISTICS_SENT", "STATISTICS_SUMMED"]
 
 LOSS = "loss"            # the scaled loss exists: backprop begins
@@ -21,7 +22,9 @@ REDUCED = "reduced"      # a reduced gradient was delivered to the optimizer
 UPDATED = "updated"      # a variable's optimizer update was written
 STATISTICS_SENT = "statistics_sent"      # a blocking statistics allreduce's input exists
 STATISTICS_SUMMED = "statistics_summed"  # its sum exists
-_EVENTS = (LOSS, GRADIENT, REDUCED, UPDATED, STATISTICS_SENT, STATISTICS_SUMMED)
+OWN_UPDATES = "own_updates"   # shard="optimizer": this rank's own updates are written
+HANDED_OVER = "handed_over"   # shard="optimizer": an updated weight left for, or arrived from, its owner
+_EVENTS = (LOSS, GRADIENT, REDUCED, UPDATED, STATISTICS_SENT, STATISTICS_SUMMED, OWN_UPDATES, HANDED_OVER)
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,7 +53,7 @@ def mark_each(tensors: list, event: str) -> list:
     return [mark(tensor, event) for tensor in tensors]
 
 
-def mark_after_updates(variables) -> None:
+def mark_after_updates(variables, event: str = UPDATED) -> None:
     """Note when each variable's last write created so far (the optimizer's update) has run."""
     if not session.enabled():
         return
@@ -60,7 +63,7 @@ def mark_after_updates(variables) -> None:
         if handle is None:  # a Keras 3 Variable wraps the TF one
             handle = getattr(getattr(variable, "value", None), "handle", None)
         if handle is not None:
-            ops.tnt_timeline_mark_after(handle, event=_EVENTS.index(UPDATED))
+            ops.tnt_timeline_mark_after(handle, event=_EVENTS.index(event))
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,7 +8,10 @@ Each rank is one process of the trace ("rank R"); its tracks (threads):
              train_step: the first gradient produced) to the last gradient
              produced (args: step, gradients); `optimizer_update` from the first
              reduced gradient delivered to the end of the optimizer's apply
-             (args: step).
+             (args: step); with shard="optimizer" also `weight_handoff`, from
+             this rank's own updates written to the last updated weight sent
+             or received (Note [Handing the updated weights over]; args: step,
+             transfers).
   reducer    the gradient reducer's progress thread: per bucket an instant
              `bucket_ready` when its last gradient was handed over, and a span
              `allreduce` (args: step, bucket, bytes; metrics_only: true for a
@@ -29,7 +32,7 @@ A program computes the overlap from these names alone
 from __future__ import annotations
 
 __all__ = ["TRACKS", "DOCUMENTED", "track_id", "STEP", "BACKWARD", "OPTIMIZER", "ALLREDUCE", "BUCKET_READY",
-           "METRIC_ALLREDUCE", "STATISTICS_ALLREDUCE"]
+           "METRIC_ALLREDUCE", "STATISTICS_ALLREDUCE", "WEIGHT_HANDOFF"]
 
 TRACKS = ("step", "reducer", "metrics", "pipeline", "python", "statistics")
 
@@ -40,6 +43,7 @@ ALLREDUCE = "allreduce"
 BUCKET_READY = "bucket_ready"
 METRIC_ALLREDUCE = "metric_allreduce"
 STATISTICS_ALLREDUCE = "statistics_allreduce"
+WEIGHT_HANDOFF = "weight_handoff"
 
 DOCUMENTED = {
     STEP: "step track: one fit step (args: step)",
@@ -49,6 +53,8 @@ DOCUMENTED = {
     ALLREDUCE: "reducer track: a gradient bucket's allreduce (args: step, bucket, bytes; metrics_only if it "
                "holds only metric state)",
     METRIC_ALLREDUCE: "metrics track: a metric-state bucket's allreduce (args: step, bucket, bytes)",
+    WEIGHT_HANDOFF: "step track, shard='optimizer': own updates written to the last updated weight sent or "
+                    "received (args: step, transfers)",
     STATISTICS_ALLREDUCE: "statistics track: a blocking allreduce of BatchNormalization's statistics, input to "
                           "sum (args: step, index)",
 }

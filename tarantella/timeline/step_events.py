@@ -34,6 +34,9 @@ def record_step(step: int, begin: float, end: float, marks, allreducers) -> None
     reduced, updated = by_event.get(graph_marks.REDUCED, []), by_event.get(graph_marks.UPDATED, [])
     if reduced and updated:
         recorder.complete(names.OPTIMIZER, "step", min(reduced), max(updated), step=step)
+    own, handed = by_event.get(graph_marks.OWN_UPDATES, []), by_event.get(graph_marks.HANDED_OVER, [])
+    if own and handed:
+        recorder.complete(names.WEIGHT_HANDOFF, "step", min(own), max(handed), step=step, transfers=len(handed))
     # The blocking statistics allreduces run one at a time in one order (blocking_allreduce.py): the k-th
     # input and the k-th sum of the step belong together.
     sent = sorted(by_event.get(graph_marks.STATISTICS_SENT, []))

@@ -16,7 +16,7 @@ STEPS = 4
 
 @pytest.mark.multirank
 @pytest.mark.timeout(270)
-@pytest.mark.parametrize("mode", ["overlap", "no_overlap"])
+@pytest.mark.parametrize("mode", ["overlap", "no_overlap", "sharded"])
 def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
     target = tmp_path / "trace.json"
     result = run_ranks(2, PROGRAM, args=[mode], timeout=240, launcher_args=["--timeline", str(target)]).check()
@@ -51,6 +51,12 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
             assert len(statistics) == 2 and all(inside(e) for e in statistics), statistics  # forward, backward
             assert sorted(e["args"]["index"] for e in statistics) == [0, 1]
             assert statistics[0]["ts"] + statistics[0]["dur"] <= backward["ts"] + backward["dur"]
+            handoffs = [e for e in mine if e["name"] == names.WEIGHT_HANDOFF and e["args"]["step"] == step]
+            if mode == "sharded":  # each rank sends what it owns and receives the rest: one transfer per variable
+                assert len(handoffs) == 1 and inside(handoffs[0]) and handoffs[0]["ts"] >= update["ts"], handoffs
+                assert handoffs[0]["args"]["transfers"] == 8, handoffs  # 3 Dense + BatchNormalization: 8 variables
+            else:
+                assert not handoffs
     rows = overlap_from_trace(str(target))
     assert {(row["rank"], row["step"]) for row in rows} == {(r, s) for r in (0, 1) for s in range(STEPS)}
     if mode == "no_overlap":  # no allreduce starts before the last gradient exists

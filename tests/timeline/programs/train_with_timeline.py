@@ -1,5 +1,5 @@
 """Trains a small dense model (with one BatchNormalization layer) for a few steps with the timeline on (launched with --timeline).
-argv[1]: "overlap" or "no_overlap". A rank prints its reducer's bucket sizes, and which buckets hold gradients, for the test."""
+argv[1]: "overlap", "no_overlap" or "sharded" (overlap, shard="optimizer"). A rank prints its reducer's bucket sizes, and which buckets hold gradients, for the test."""
 import json
 import sys
 
@@ -18,7 +18,8 @@ hidden = keras.layers.Dense(256)(inputs)
 hidden = keras.layers.ReLU()(keras.layers.BatchNormalization()(hidden))
 hidden = keras.layers.Dense(256, activation="relu")(hidden)
 outputs = keras.layers.Dense(4)(hidden)
-model = tnt.Model(keras.Model(inputs, outputs), overlap_communication=(sys.argv[1] == "overlap"))
+model = tnt.Model(keras.Model(inputs, outputs), overlap_communication=(sys.argv[1] != "no_overlap"),
+                  shard="optimizer" if sys.argv[1] == "sharded" else None)
 model.compile(optimizer=keras.optimizers.SGD(0.01), jit_compile=False, metrics=["accuracy"],
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 x = np.random.default_rng(0).normal(size=(64 * 4, 32)).astype("float32")
