@@ -33,6 +33,7 @@ _LAZY = {
     "reduce_gradients": ("tarantella.keras.custom_loop", "reduce_gradients"),
     "distribute_dataset": ("tarantella.keras.custom_loop", "distribute_dataset"),
     "broadcast_variables": ("tarantella.keras.custom_loop", "broadcast_variables"),
+    "shard_optimizer": ("tarantella.sharding.update", "shard_optimizer"),
     "distribute_datasets_from_function": ("tarantella.data.from_function", "distribute_datasets_from_function"),
 }
 
@@ -57,5 +58,5 @@ __all__ = [
     "MismatchError", "CollectiveTimeoutError", "EngineError", "GroupFailedError",
     "Model", "ParallelStrategy", "models", "keras", "data", "pipeline", "deferred_weights", "set_deterministic",
     "reduce_gradients", "distribute_dataset", "broadcast_variables", "distribute_datasets_from_function",
-    "__version__",
+    "shard_optimizer", "__version__",
 ]

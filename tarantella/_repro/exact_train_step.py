@@ -101,5 +101,5 @@ def train_step(model, data, virtual_batches: int):
             model.compute_metrics(x_i, y_i, y_pred, sample_weight=w_i)
     statistics.update_moving_statistics(model.statistics_allreduce if model.world_size > 1 else None)
     local_sum = exact_reduction.tree_sum_lists(per_batch_gradients)
-    model.apply_optimizer(model.reduce_gradients(local_sum, variables), variables)
+    model.optimizer.apply(model.reduce_gradients(local_sum, variables), variables)
     return model.get_metrics_result()

@@ -124,10 +124,6 @@ class Model(keras.Model):
                              f"tnt.ParallelStrategy.DATA, PIPELINING or ALL")
         batch_position.check_batch_norm(batch_norm)
         shard = sharding.resolve_mode(shard)
-        if shard and user_steps.overridden(model):
-            raise ValueError(f"tarantella: shard={shard!r} is not available for a model with its own training logic "
-                             f"({type(model).__name__} overrides {', '.join(user_steps.overridden(model))}) in this "
-                             f"release; train it unsharded")
         super().__init__(name=name or model.name)
         serial_random.install()
         global_batch_norm.install()
@@ -138,7 +134,6 @@ class Model(keras.Model):
         self.overlap_communication = overlap_communication
         self.world_size = runtime.get_size()
         self.shard = shard
-        self._sharded_update: sharding.ShardedUpdate | None = None
         self._loaded_optimizer = None     # a built optimizer handed to compile: its state, for the sharded one
         self._master_restores_for_all = False
         self._allreducers: list[tuple[str, GraphAllreducer]] = []  # (purpose, allreducer)
@@ -208,6 +203,7 @@ class Model(keras.Model):
         (every rank writes with --output-on-all-devices, like the output callbacks). Not a collective,
         except with shard="optimizer": then every rank must call it, the master gathers every rank's optimizer
         state and writes the file alone. Load it with keras.saving.load_model or tnt.models.load_model."""
+        self._check_savable()
         if self._sharded_update is not None:  # Note [Saving and restoring sharded optimizer state]
             with self._gathered_optimizer_state() as writes:
                 if writes:
@@ -216,6 +212,12 @@ class Model(keras.Model):
         if not rank_callbacks.output_on_this_rank():
             return
         self._write(filepath, overwrite, **kwargs)
+
+    def _check_savable(self) -> None:
+        if self._own_logic and self._is_sharded():
+            raise ValueError(f"tarantella: saving {type(self._model).__name__} (its own training logic) with "
+                             f"shard='optimizer' is not available in this release: each rank holds only its share "
+                             f"of its optimizers' state; train it unsharded to save it")
 
     def _gathered_optimizer_state(self):
         return sharding_checkpoint.gathered_on_master(self.optimizer, self._sharded_update.owned,
@@ -235,6 +237,7 @@ class Model(keras.Model):
     def save_weights(self, filepath, overwrite=True, **kwargs):
         """As save: the master writes (every rank with --output-on-all-devices); with shard="optimizer" a
         collective, the master writes alone."""
+        self._check_savable()
         if self._sharded_update is not None:
             with self._gathered_optimizer_state() as writes:
                 if writes:
@@ -292,9 +295,16 @@ class Model(keras.Model):
     def _compile_like_own_logic(self):
         """This model compiled for Keras's fit loop only; the steps, loss and metrics are the wrapped model's."""
         super().compile(optimizer=self._model.optimizer or "rmsprop", jit_compile=False)
-        for optimizer in distributed_optimizer.optimizers_of(self._model):
-            distributed_optimizer.distribute_optimizer(optimizer)
+        self._distribute_own_optimizers()
         self._close_allreducers()
+
+    def _distribute_own_optimizers(self) -> None:
+        """The wrapped model's optimizers (and this model's) reduce their gradients, sharded with shard="optimizer"
+        (the sharded apply below the reduction)."""
+        for optimizer in distributed_optimizer.optimizers_of(self._model) + [self.optimizer]:
+            if self._is_sharded():
+                sharding.shard_optimizer(optimizer)
+            distributed_optimizer.distribute_optimizer(optimizer)
 
     def _compile_direct(self, optimizer="rmsprop", loss=None, metrics=None, **kwargs):
         _check_loss_reduction(loss)
@@ -308,11 +318,19 @@ class Model(keras.Model):
         # sharded, with an unbuilt copy that gets every rank's state only to be saved (save()).
         self._model.compile(optimizer=_unbuilt_copy(self.optimizer) if sharded else self.optimizer, loss=loss,
                             metrics=metrics, jit_compile=False, **kwargs)
-        self._sharded_update = None   # made for this optimizer before the next step (_prepare)
+        if sharded:
+            sharding.shard_optimizer(self.optimizer)   # built on this rank's share before the first step (_prepare)
         self._close_allreducers()
 
     def _is_sharded(self) -> bool:
         return bool(self.shard) and self.world_size > 1
+
+    @property
+    def _sharded_update(self):
+        """The sharding of the optimizer of the direct path once it is built (Note [A sharded update])."""
+        if self._own_logic or not self._is_sharded():
+            return None
+        return sharding.sharding_of(getattr(self, "optimizer", None))
 
     @property
     def loss_tracker(self) -> keras.metrics.Metric:
@@ -356,15 +374,6 @@ class Model(keras.Model):
         """The train step sums the metric state in the gradient reduction
         (Note [Metric state rides with the gradients] in metric_reduction.py)."""
         return self.world_size > 1 and self._metrics_ride
-
-    def apply_optimizer(self, gradients, variables) -> None:
-        """The optimizer's update of `variables` with their summed gradients (call while tracing a train step):
-        with shard="optimizer", this rank's share of the update and the hand-over of the new weights (Note [A
-        sharded update] in tarantella/sharding/update.py)."""
-        if self._sharded_update is None:
-            self.optimizer.apply(gradients, variables)
-        else:
-            self._sharded_update.apply(self.optimizer, gradients, variables)
 
     def reduce_gradients(self, gradients, variables):
         """Sum of every rank's gradients (called while tracing the train step)."""
@@ -545,9 +554,8 @@ class Model(keras.Model):
 
     def _prepare(self, dataset: tf.data.Dataset) -> None:
         """Build the model (from one micro-batch) if needed, then give every rank the master's weights."""
-        if self._own_logic:
-            for optimizer in distributed_optimizer.optimizers_of(self._model):  # set after compile, perhaps
-                distributed_optimizer.distribute_optimizer(optimizer)
+        if self._own_logic:  # optimizers set after compile, perhaps
+            self._distribute_own_optimizers()
         callable_model = type(self._model).call is not keras.Model.call or not self._own_logic
         if callable_model and (not self._model.built or not self.built):
             # From the element spec, not a real element: taking one would start an extra pass of the
@@ -555,14 +563,13 @@ class Model(keras.Model):
             x, _, _ = keras.utils.unpack_x_y_sample_weight(dataset.element_spec[distributed_dataset.DATA])
             self(tf.nest.map_structure(empty_micro_batch.sample_like, x), training=False)
         self._synchronize_weights()
-        if self._is_sharded() and self._sharded_update is None and self.compiled and not self._own_logic:
-            self._shard_optimizer()
+        if self._is_sharded() and not self._own_logic and self.compiled and not self.optimizer.built:
+            self._build_sharded_optimizer()
 
-    def _shard_optimizer(self) -> None:
+    def _build_sharded_optimizer(self) -> None:
         """Collectively, once per compile: build the optimizer on this rank's share of the variables (Note [A
         sharded update] in tarantella/sharding/update.py), taking that share of a loaded model's state."""
-        self._sharded_update = sharding.ShardedUpdate(self.trainable_variables, self.optimizer, self.world_size,
-                                                      runtime.get_rank())
+        self.optimizer.build(self.trainable_variables)
         if self._loaded_optimizer is not None:
             sharding_checkpoint.take_share(self.optimizer, self._loaded_optimizer)
             self._loaded_optimizer = None

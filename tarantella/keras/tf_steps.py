@@ -75,7 +75,7 @@ def _train_step(model, batch, global_size, local_size, may_be_empty):
     local_results = _update_metrics(model, x, y, y_pred, sample_weight, restorer, local_size)
     riding = metric_reduction.metric_state(model.metrics) if model.metrics_ride_with_gradients else []
     gradients, summed_state = model.reduce_gradients_and_metrics(gradients, variables, riding)
-    model.apply_optimizer(gradients, variables)
+    model.optimizer.apply(gradients, variables)
     graph_marks.mark_after_updates(variables)  # timeline only
     if riding:
         return metric_reduction.results_from_state(model.metrics, summed_state)

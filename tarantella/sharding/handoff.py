@@ -35,11 +35,10 @@ __all__ = ["WeightHandoff"]
 
 
 class WeightHandoff:
-    """Made on every rank with the same variables and owners; `channels` are this model's own (its tags are
-    the variables' indices, so they do not meet other users of the engine's channels)."""
+    """Made on every rank alike; `channels` are this optimizer's own, so its tags (the variables' indices in the
+    optimizer's list) meet no other user of the engine's channels."""
 
-    def __init__(self, owners: list[int], rank: int, size: int, channels):
-        self.owners = owners
+    def __init__(self, rank: int, size: int, channels):
         self.rank = rank
         self.size = size
         self.channels = channels          # kept open while the step graph uses its id
@@ -48,12 +47,12 @@ class WeightHandoff:
         # Weight transfers this rank has sent (Note above: it also keeps the sends in the graph).
         self.sends_completed = tf.Variable(0, dtype=tf.int64, trainable=False, name="tnt_weight_sends")
 
-    def __call__(self, variables: list, after) -> None:
-        """Traced, after this rank's updates: the owners' new values everywhere. `after`: a tensor that exists
-        once this rank's own updates are done (the receives are posted then)."""
+    def __call__(self, variables: list, owners: list, tags: list, after) -> None:
+        """Traced, after this rank's updates: the owners' new values everywhere (the same call on every rank).
+        `after`: a tensor that exists once this rank's own updates are done (the receives are posted then)."""
         after = tf.cast(after, tf.int32)
         sent = []
-        for tag, (variable, owner) in enumerate(zip(variables, self.owners)):
+        for variable, owner, tag in zip(variables, owners, tags):
             if owner == self.rank:
                 value = tf.convert_to_tensor(variable)  # read after this rank's update of it
                 for peer in range(self.size):

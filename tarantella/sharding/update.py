@@ -40,7 +40,7 @@ from tarantella.sharding.handoff import WeightHandoff
 from tarantella.sharding.owners import assign_owners, describe, variable_bytes
 from tarantella.timeline import graph_marks
 
-__all__ = ["MODES", "resolve_mode", "ShardedUpdate", "unscaled_optimizer"]
+__all__ = ["MODES", "resolve_mode", "ShardedUpdate", "shard_optimizer", "sharding_of", "unscaled_optimizer"]
 
 logger = logging.getLogger("tarantella")
 
@@ -69,39 +69,48 @@ def unscaled_optimizer(optimizer):
 
 
 class ShardedUpdate:
-    """Made on every rank, in the same order, once the model is built and compiled (opens channels)."""
+    """The sharding of one optimizer over the variables it is built on; made on every rank, in the same order
+    (opens channels: a collective). `build` builds the optimizer (default: its own build)."""
 
-    def __init__(self, variables: list, optimizer, size: int, rank: int):
+    def __init__(self, variables: list, optimizer, size: int, rank: int, build=None):
         self.variables = list(variables)
         sizes = [variable_bytes(v) for v in self.variables]
         self.owners = assign_owners(sizes, size)
         self.rank = rank
         self.owned = [v for v, owner in zip(self.variables, self.owners) if owner == rank]
+        self._owner_and_tag = {id(v): (owner, tag) for tag, (v, owner) in enumerate(zip(self.variables, self.owners))}
         _check_shardable(optimizer, self.variables, size)
         logger.info("tarantella: shard='optimizer': %s", describe(sizes, self.owners, size))
         inner = unscaled_optimizer(optimizer)
         # Note [A sharded update]: the whole model's norm is taken here, not by the optimizer.
         self.global_clipnorm = inner.global_clipnorm
         inner.global_clipnorm = None
-        if not optimizer.built:
-            optimizer.build(self.owned)
+        (build or optimizer.build)(self.owned)
         _finalize_owned_only(optimizer, self)
-        self.handoff = WeightHandoff(self.owners, rank, size, channels.open_channels())
+        self.handoff = WeightHandoff(rank, size, channels.open_channels())
 
-    def apply(self, optimizer, gradients, variables) -> None:
-        """Traced: update this rank's variables with their summed gradients, then every rank gets every
-        variable's new value (Note [A sharded update])."""
-        if [id(v) for v in variables] != [id(v) for v in self.variables]:
-            raise ValueError("tarantella: a sharded optimizer updates the model's trainable variables as a whole; "
-                             "got a different list of variables")
+    def apply(self, optimizer, gradients, variables, apply=None) -> None:
+        """Traced: update this rank's share of `variables` (some or all of those the optimizer was built on) with
+        their summed gradients, then every rank gets every new value (Note [A sharded update]). `apply`: the
+        optimizer's own apply (default: optimizer.apply)."""
+        variables = list(variables)
+        unknown = [v.path for v in variables if id(v) not in self._owner_and_tag]
+        if unknown:
+            raise ValueError(f"tarantella: the sharded {type(optimizer).__name__} was built on other variables than "
+                             f"{unknown[:3]}; apply it to (a part of) the variables it was built on")
+        owners, tags = zip(*[self._owner_and_tag[id(v)] for v in variables]) if variables else ((), ())
+        mine = [i for i, owner in enumerate(owners) if owner == self.rank]
+        if variables and not mine:
+            raise ValueError(f"tarantella: rank {self.rank} owns none of the {len(variables)} variables this "
+                             f"{type(optimizer).__name__}.apply updates, so its iteration count would fall behind; "
+                             f"apply the optimizer to more variables at once, or do not shard it")
         gradients = self._whole_model_decisions(optimizer, list(gradients))
-        mine = [i for i, owner in enumerate(self.owners) if owner == self.rank]
-        optimizer.apply([gradients[i] for i in mine], [variables[i] for i in mine])
+        (apply or optimizer.apply)([gradients[i] for i in mine], [variables[i] for i in mine])
         # The receives are posted once this rank's own updates are written (Note [Handing the updated weights over]).
         with tf.control_dependencies([tf.convert_to_tensor(variables[i]) for i in mine]):
             done = graph_marks.mark(tf.identity(tf.convert_to_tensor(optimizer.iterations)),
                                     graph_marks.OWN_UPDATES)  # timeline only
-        self.handoff(variables, done)
+        self.handoff(variables, list(owners), list(tags), done)
 
     def _whole_model_decisions(self, optimizer, gradients: list) -> list:
         scaled = hasattr(optimizer, "inner_optimizer")
@@ -117,6 +126,47 @@ class ShardedUpdate:
                                                                                                        v.dtype)))
                          for g in gradients]
         return gradients
+
+
+def shard_optimizer(optimizer, variables=None):
+    """Keep only this rank's share of `optimizer`'s state (ZeRO stage 1), in place; returns the optimizer.
+
+    Its build(variables) (Keras's, or the first apply's) builds it on this rank's share of them (Note [Whole
+    variables to owners, balanced by bytes] in owners.py), and its apply(grads, variables), given gradients
+    already summed over the ranks (tnt.reduce_gradients in a custom loop; tnt.Model's steps), updates this rank's
+    share and hands the new values to every rank (Note [A sharded update]). With `variables` it is built at once
+    (a collective: every rank, same variables, same order); otherwise when Keras builds it, on every rank alike."""
+    if sharding_of(optimizer) is not None or getattr(optimizer, "_tnt_shards", False):
+        return optimizer
+    local_build, local_apply = optimizer.build, optimizer.apply
+    size, rank = runtime.get_size(), runtime.get_rank()
+
+    def build(var_list):
+        with tf.init_scope():  # its state is made eagerly, also when first built inside a traced step
+            optimizer._tnt_sharded_update = ShardedUpdate(var_list, optimizer, size, rank, build=local_build)
+
+    def apply(grads, trainable_variables=None):
+        update = sharding_of(optimizer)
+        if update is None:
+            if trainable_variables is None:
+                raise ValueError("tarantella: a sharded optimizer is built on its first apply's variables: call "
+                                 "apply(grads, variables)")
+            build(list(trainable_variables))
+            update = sharding_of(optimizer)
+        update.apply(optimizer, grads, update.variables if trainable_variables is None else trainable_variables,
+                     apply=local_apply)
+
+    optimizer.build, optimizer.apply = build, apply
+    optimizer._tnt_shards = True
+    optimizer._tnt_sharded_update = None
+    if variables is not None:
+        build(list(variables))
+    return optimizer
+
+
+def sharding_of(optimizer) -> ShardedUpdate | None:
+    """The sharding of an optimizer made by shard_optimizer, once it is built (else None)."""
+    return getattr(optimizer, "_tnt_sharded_update", None)
 
 
 def _as_the_optimizer_clips_them(optimizer, gradients: list) -> list:
@@ -158,7 +208,7 @@ def _check_shardable(optimizer, variables: list, size: int) -> None:
                          f"most {len(variables)} ranks")
     if optimizer.built:
         raise ValueError(f"tarantella: shard='optimizer' builds the optimizer on this rank's variables only, and "
-                         f"{type(optimizer).__name__} is already built; compile the tnt.Model with a new optimizer")
+                         f"{type(optimizer).__name__} is already built; shard a new optimizer")
 
 
 def _finalize_owned_only(optimizer, update: ShardedUpdate) -> None:

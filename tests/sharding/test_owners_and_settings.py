@@ -70,13 +70,12 @@ def test_the_global_clip_factor_is_kerass_own():
         assert keras.ops.all(keras.ops.equal(ours, keras_s))
 
 
-def test_a_model_with_its_own_training_logic_is_refused_with_shard():
+def test_a_sharded_optimizer_refuses_variables_it_was_not_built_on():
     import tarantella as tnt
 
-    class OwnStep(keras.Model):
-        def train_step(self, data):
-            return {}
-
-    model = OwnStep()
-    with pytest.raises(ValueError, match="shard='optimizer' is not available for a model with its own training"):
-        tnt.Model(model, shard="optimizer")
+    built_on, other = _variables(2), _variables(1)
+    optimizer = tnt.shard_optimizer(keras.optimizers.SGD(0.1), built_on)
+    optimizer.apply([keras.ops.ones((3,))] * 2, built_on)  # one rank: it owns both, and updates them
+    assert float(built_on[0].numpy()[0]) == pytest.approx(-0.1) and int(optimizer.iterations.numpy()) == 1
+    with pytest.raises(ValueError, match="was built on other variables than"):
+        optimizer.apply([keras.ops.ones((3,))], other)

@@ -143,4 +143,63 @@ from_save = keras.saving.load_model(sharded_path).optimizer.variables
 assert len(from_checkpoint) == len(from_save) > 4 and all(
     np.array_equal(a.numpy(), b.numpy()) for a, b in zip(from_checkpoint, from_save)), "the checkpoint differs"
 print("OK ModelCheckpoint writes the whole optimizer state", flush=True)
+# A model with its own train_step (keras.io's "Customizing what happens in fit()"): sharded through its optimizer.
+class OwnStep(keras.Model):
+    def train_step(self, data):
+        inputs, targets = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=inputs, y=targets, y_pred=self(inputs, training=True))
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+        return {"loss": loss}
+
+
+def own_step_model():
+    plain = build()
+    return OwnStep(plain.inputs, plain.outputs)
+
+
+make_optimizer = SET_UPS["Adam with global_clipnorm"]
+unsharded = train(tnt.Model(own_step_model()), make_optimizer)
+sharded = train(tnt.Model(own_step_model(), shard="optimizer"), make_optimizer)
+assert all(np.array_equal(a, b) for a, b in zip(unsharded.get_weights(), sharded.get_weights())), \
+    f"rank {rank}: a model's own train_step trains differently sharded"
+assert same_on_every_rank(sharded.get_weights())
+if size > 1:
+    assert len(sharded.optimizer.variables) < len(unsharded.optimizer.variables)
+    try:
+        sharded.save(os.path.join(directory, "own.keras"))
+        raise AssertionError("saving a sharded model with its own training logic should be refused")
+    except ValueError as error:
+        assert "not available in this release" in str(error), error
+print("OK a model's own train_step trains sharded as unsharded", flush=True)
+
+
+# A custom loop: tnt.reduce_gradients, then the sharded optimizer, built by its first apply inside the step.
+def custom_loop(optimizer):
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(33, activation="relu"),
+                              keras.layers.Dense(17, activation="tanh"), keras.layers.Dense(3)])
+    tnt.broadcast_variables(model.variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(batch, share):
+        inputs, targets = batch
+        with tf.GradientTape() as tape:
+            loss = loss_fn(targets, model(inputs, training=True))
+        gradients = tnt.reduce_gradients(tape.gradient(loss, model.trainable_variables), model.trainable_variables,
+                                         share=share)
+        optimizer.apply(gradients, model.trainable_variables)
+
+    for _ in range(2):
+        for batch, share in tnt.distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)):
+            step(batch, share)
+    return model.get_weights()
+
+
+expected = custom_loop(keras.optimizers.AdamW(0.01, weight_decay=0.05))
+got = custom_loop(tnt.shard_optimizer(keras.optimizers.AdamW(0.01, weight_decay=0.05)))
+assert all(np.array_equal(a, b) for a, b in zip(expected, got)), f"rank {rank}: the custom loop differs sharded"
+assert same_on_every_rank(got)
+print("OK a custom loop with tnt.shard_optimizer trains as unsharded", flush=True)
 print("OK done", flush=True)
