@@ -1,8 +1,8 @@
 """Issue 21 §3: optimizer state, peak memory and step time per rank, sharded (ZeRO stage 1) against plain data
 parallelism, side by side in one run; writes results/sharding/.
 
-    python -m bench.sharding.memory [--out results/sharding/DEPTHxWIDTH] [--ranks 1,2,4] [--repeats 1]
-                                    [--width 4096 --depth 6 --batch 64 --steps 6]
+    python -m bench.sharding.memory [--model mlp|transformer] [--out results/sharding/MODEL-DEPTHxWIDTH]
+                                    [--ranks 1,2,4] [--repeats 1] [--width 4096 --depth 6 --batch 64 --steps 6]
 
 Per rank count, `tarantella -n N` (the launcher's defaults) runs bench/sharding/program.py unsharded and with
 shard="optimizer", alternating within each repeat; rows are medians over the repeats, of the largest rank's
@@ -50,7 +50,8 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None, help="default: results/sharding/<depth>x<width>")
+    parser.add_argument("--out", default=None, help="default: results/sharding/<model>-<depth>x<width>")
+    parser.add_argument("--model", choices=("mlp", "transformer"), default="mlp")
     parser.add_argument("--ranks", default="1,2,4")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--width", type=int, default=4096)
@@ -58,10 +59,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=6)
     options = parser.parse_args()
-    options.out = options.out or os.path.join(REPO, "results", "sharding", f"{options.depth}x{options.width}")
+    options.out = options.out or os.path.join(REPO, "results", "sharding",
+                                              f"{options.model}-{options.depth}x{options.width}")
     os.makedirs(options.out, exist_ok=True)
     context = {"machine": describe_machine(), "source": describe_source()}
-    model = ["--width", str(options.width), "--depth", str(options.depth), "--batch", str(options.batch),
+    model = ["--model", options.model, "--width", str(options.width), "--depth", str(options.depth), "--batch", str(options.batch),
              "--steps", str(options.steps)]
     raw, rows = [], []
     for ranks in map(int, options.ranks.split(",")):
@@ -87,8 +89,11 @@ def main() -> None:
             handle.write(json.dumps(result) + "\n")
     with open(os.path.join(options.out, "table.md"), "w") as handle:
         handle.write(f"Machine: {json.dumps(context['machine'])}\nSource: {json.dumps(context['source'])}\n\n")
-        handle.write(f"Model: {options.depth} x Dense({options.width}) + Dense(10), Adam, global batch "
-                     f"{options.batch}, {options.steps} steps; `python -m bench.sharding.memory`\n\n")
+        params = raw[0]["params"] if raw else 0
+        handle.write(f"Model: {options.model}, depth {options.depth}, width {options.width} ({params / 1e6:.1f} M "
+                     f"parameters; bench/sharding/program.py), Adam, global batch {options.batch}, {options.steps} "
+                     f"steps; `python -m bench.sharding.memory --model {options.model} --depth {options.depth} "
+                     f"--width {options.width} --batch {options.batch}`\n\n")
         handle.write(table(rows))
     print(table(rows), flush=True)
 

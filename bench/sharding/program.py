@@ -1,9 +1,13 @@
 """One run of issue 21's memory benchmark, started by bench/sharding/memory.py through the launcher:
 
-    tarantella -n N -- bench/sharding/program.py --shard optimizer|off [--width 4096 --depth 6 --batch 64 --steps 6]
+    tarantella -n N -- bench/sharding/program.py --shard optimizer|off [--model mlp|transformer]
+                                               [--width 4096 --depth 6 --batch 64 --steps 6]
 
-An MLP of `depth` x Dense(width) with Adam, trained data-parallel by tnt.Model(shard=...) for `steps` steps of the
-global batch. Rank 0 prints one RESULT line (JSON) with every rank's figures:
+With Adam, trained data-parallel by tnt.Model(shard=...) for `steps` steps of the global batch:
+- mlp: `depth` x Dense(width) and Dense(10), on random vectors;
+- transformer: a decoder-style language model of Keras layers: Embedding(8000, width), `depth` blocks of
+  MultiHeadAttention (width / 64 heads of 64, causal) and a feed-forward Dense(4 width) - Dense(width), each
+  with a residual and LayerNormalization, and Dense(8000) logits; 32 tokens per sample, random tokens. Rank 0 prints one RESULT line (JSON) with every rank's figures:
 - optimizer_state_mib: the bytes of the rank's optimizer variables (slots, iteration count), exact;
 - peak_rss_growth_mib: peak resident memory (getrusage's ru_maxrss) minus the resident memory before the model
   is built, i.e. weights, gradients, the reducer's buffers, optimizer state, activations and TensorFlow's
@@ -27,6 +31,7 @@ import tarantella as tnt
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--shard", default="off")
+parser.add_argument("--model", choices=("mlp", "transformer"), default="mlp")
 parser.add_argument("--width", type=int, default=4096)
 parser.add_argument("--depth", type=int, default=6)
 parser.add_argument("--batch", type=int, default=64)
@@ -55,16 +60,40 @@ class StepTimes(keras.callbacks.Callback):
         self.times.append(time.perf_counter() - self._began)
 
 
+VOCABULARY, TOKENS = 8000, 32
+
+
+def mlp() -> keras.Model:
+    layers = [keras.Input((args.width,))] + [keras.layers.Dense(args.width, activation="relu")
+                                             for _ in range(args.depth)]
+    return keras.Sequential(layers + [keras.layers.Dense(10)])
+
+
+def transformer() -> keras.Model:
+    tokens = keras.Input((TOKENS,), dtype="int32")
+    hidden = keras.layers.Embedding(VOCABULARY, args.width)(tokens)
+    for _ in range(args.depth):
+        attended = keras.layers.MultiHeadAttention(args.width // 64, 64)(hidden, hidden, use_causal_mask=True)
+        hidden = keras.layers.LayerNormalization()(hidden + attended)
+        fed = keras.layers.Dense(args.width)(keras.layers.Dense(4 * args.width, activation="gelu")(hidden))
+        hidden = keras.layers.LayerNormalization()(hidden + fed)
+    return keras.Model(tokens, keras.layers.Dense(VOCABULARY)(hidden))
+
+
 rank, size = tnt.get_rank(), tnt.get_size()
 rng = np.random.default_rng(0)
-x = rng.standard_normal((args.batch * args.steps, args.width)).astype(np.float32)
-y = rng.integers(0, 10, args.batch * args.steps).astype(np.int32)
+samples = args.batch * args.steps
+if args.model == "mlp":
+    x = rng.standard_normal((samples, args.width)).astype(np.float32)
+    y = rng.integers(0, 10, samples).astype(np.int32)
+else:
+    x = rng.integers(0, VOCABULARY, (samples, TOKENS)).astype(np.int32)
+    y = rng.integers(0, VOCABULARY, (samples, TOKENS)).astype(np.int32)
 load_before = os.getloadavg()
 baseline = resident_mib()
 
 keras.utils.set_random_seed(1)
-layers = [keras.Input((args.width,))] + [keras.layers.Dense(args.width, activation="relu") for _ in range(args.depth)]
-model = tnt.Model(keras.Sequential(layers + [keras.layers.Dense(10)]), shard=args.shard)
+model = tnt.Model(mlp() if args.model == "mlp" else transformer(), shard=args.shard)
 model.compile(optimizer=keras.optimizers.Adam(1e-4),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 times = StepTimes()
@@ -81,6 +110,7 @@ mine = {
 everyone = tnt.allgather_object(mine)
 if rank == 0:
     params = model.count_params()
-    print("RESULT " + json.dumps({"shard": args.shard, "ranks": size, "width": args.width, "depth": args.depth,
+    print("RESULT " + json.dumps({"shard": args.shard, "ranks": size, "model": args.model, "width": args.width,
+                                  "depth": args.depth,
                                   "params": params, "weights_mib": params * 4 / MIB, "global_batch": args.batch,
                                   "steps": args.steps, "per_rank": everyone}), flush=True)
