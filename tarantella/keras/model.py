@@ -299,9 +299,9 @@ class Model(keras.Model):
         self._close_allreducers()
 
     def _distribute_own_optimizers(self) -> None:
-        """The wrapped model's optimizers (and this model's) reduce their gradients, sharded with shard="optimizer"
-        (the sharded apply below the reduction)."""
-        for optimizer in distributed_optimizer.optimizers_of(self._model) + [self.optimizer]:
+        """The wrapped model's optimizers reduce their gradients, sharded with shard="optimizer" (the sharded apply
+        below the reduction)."""
+        for optimizer in distributed_optimizer.optimizers_of(self._model):
             if self._is_sharded():
                 sharding.shard_optimizer(optimizer)
             distributed_optimizer.distribute_optimizer(optimizer)
