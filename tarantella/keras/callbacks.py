@@ -65,7 +65,7 @@ class BackupAndRestoreFromMaster(keras.callbacks.Callback):
         self.collective_saves = collective_saves
         self.twin_directory = None
         if not runtime.is_master_rank() and collective_saves:
-            # Same settings, its own directory: its decisions to save are the master's, and its saves join his.
+            # Same settings, its own directory: it decides to save when the master does, and joins each save.
             self.twin_directory = tempfile.mkdtemp(prefix="tnt-backup-twin-")
             backup = keras.callbacks.BackupAndRestore(self.twin_directory, save_freq=backup.save_freq,
                                                       double_checkpoint=backup.double_checkpoint,
