@@ -63,8 +63,8 @@ def main() -> None:
                                               f"{options.model}-{options.depth}x{options.width}")
     os.makedirs(options.out, exist_ok=True)
     context = {"machine": describe_machine(), "source": describe_source()}
-    model = ["--model", options.model, "--width", str(options.width), "--depth", str(options.depth), "--batch", str(options.batch),
-             "--steps", str(options.steps)]
+    model = ["--model", options.model, "--width", str(options.width), "--depth", str(options.depth),
+             "--batch", str(options.batch), "--steps", str(options.steps)]
     raw, rows = [], []
     for ranks in map(int, options.ranks.split(",")):
         results = {mode: [] for mode in MODES}

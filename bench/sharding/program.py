@@ -7,7 +7,8 @@ With Adam, trained data-parallel by tnt.Model(shard=...) for `steps` steps of th
 - mlp: `depth` x Dense(width) and Dense(10), on random vectors;
 - transformer: a decoder-style language model of Keras layers: Embedding(8000, width), `depth` blocks of
   MultiHeadAttention (width / 64 heads of 64, causal) and a feed-forward Dense(4 width) - Dense(width), each
-  with a residual and LayerNormalization, and Dense(8000) logits; 32 tokens per sample, random tokens. Rank 0 prints one RESULT line (JSON) with every rank's figures:
+  with a residual and LayerNormalization, and Dense(8000) logits; 32 tokens per sample, random tokens.
+Rank 0 prints one RESULT line (JSON) with every rank's figures:
 - optimizer_state_mib: the bytes of the rank's optimizer variables (slots, iteration count), exact;
 - peak_rss_growth_mib: peak resident memory (getrusage's ru_maxrss) minus the resident memory before the model
   is built, i.e. weights, gradients, the reducer's buffers, optimizer state, activations and TensorFlow's

@@ -60,7 +60,8 @@ class WeightHandoff:
                         token = unchained(self._ops.tnt_send(value, channels=self.channels_id, peer=peer, tag=tag))
                         sent.append(graph_marks.mark(token, graph_marks.HANDED_OVER))  # timeline only
             else:
-                received = unchained(self._ops.tnt_receive(after, T=tf.as_dtype(variable.dtype), shape=tuple(variable.shape),
+                received = unchained(self._ops.tnt_receive(after, T=tf.as_dtype(variable.dtype),
+                                                           shape=tuple(variable.shape),
                                                            channels=self.channels_id, peer=owner, tag=tag))
                 variable.assign(received)
                 graph_marks.mark_after_updates([variable], graph_marks.HANDED_OVER)  # timeline only

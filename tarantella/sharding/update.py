@@ -62,7 +62,8 @@ def resolve_mode(shard) -> str | None:
     if shard is False or (isinstance(shard, str) and shard.strip().lower() in _OFF):
         return None
     if shard not in MODES:
-        raise ValueError(f"tarantella: shard={shard!r} is not a sharding mode; use one of {', '.join(map(repr, MODES))} "
+        raise ValueError(f"tarantella: shard={shard!r} is not a sharding mode; use one of "
+                         f"{', '.join(map(repr, MODES))} "
                          f"(ZeRO stages 1-3) or None")
     if shard != "optimizer":
         raise ValueError(f"tarantella: shard={shard!r} (ZeRO stage {MODES.index(shard) + 1}) is not available in this "
