@@ -86,6 +86,18 @@ def write_summary(summary: dict, directory: str) -> str:
     return path
 
 
+def write_raw_and_table(directory: str, raw: list[dict], context: dict, table: str, preface: str = "") -> None:
+    """runs.jsonl (one raw result per line) and table.md (machine and source first, then `preface`, then `table`),
+    as the side-by-side benchmarks (bench/pipeline/defaults.py, bench/sharding/memory.py) write them."""
+    with open(os.path.join(directory, "runs.jsonl"), "w") as handle:
+        for result in raw:
+            handle.write(json.dumps(result) + "\n")
+    with open(os.path.join(directory, "table.md"), "w") as handle:
+        handle.write(f"Machine: {json.dumps(context['machine'])}\nSource: {json.dumps(context['source'])}\n\n")
+        handle.write(preface)
+        handle.write(table)
+
+
 def read_summary(directory: str) -> dict:
     with open(os.path.join(directory, "summary.json"), encoding="utf-8") as handle:
         return json.load(handle)

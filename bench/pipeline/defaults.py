@@ -25,6 +25,7 @@ import statistics
 
 from bench.machine import describe_machine, describe_source
 from bench.pipeline.sweep import REPO, median_row, run
+from bench.records import write_raw_and_table
 
 SERIAL_ENV = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
 
@@ -78,12 +79,7 @@ def main() -> None:
                                                 / serial["max_rank_peak_rss_growth_mib"], 3)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    with open(os.path.join(options.out, "runs.jsonl"), "w") as handle:
-        for result in raw:
-            handle.write(json.dumps(result) + "\n")
-    with open(os.path.join(options.out, "table.md"), "w") as handle:
-        handle.write(f"Machine: {json.dumps(context['machine'])}\nSource: {json.dumps(context['source'])}\n\n")
-        handle.write(table(rows))
+    write_raw_and_table(options.out, raw, context, table(rows))
     print(table(rows), flush=True)
 
 

@@ -17,6 +17,7 @@ import statistics
 
 from bench.machine import describe_machine, describe_source
 from bench.pipeline.sweep import REPO, run
+from bench.records import write_raw_and_table
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
 MODES = ("off", "optimizer")
@@ -84,17 +85,12 @@ def main() -> None:
                 row["step_of_unsharded"] = round(row["step_s"] / unsharded["step_s"], 3)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    with open(os.path.join(options.out, "runs.jsonl"), "w") as handle:
-        for result in raw:
-            handle.write(json.dumps(result) + "\n")
-    with open(os.path.join(options.out, "table.md"), "w") as handle:
-        handle.write(f"Machine: {json.dumps(context['machine'])}\nSource: {json.dumps(context['source'])}\n\n")
-        params = raw[0]["params"] if raw else 0
-        handle.write(f"Model: {options.model}, depth {options.depth}, width {options.width} ({params / 1e6:.1f} M "
-                     f"parameters; bench/sharding/program.py), Adam, global batch {options.batch}, {options.steps} "
-                     f"steps; `python -m bench.sharding.memory --model {options.model} --depth {options.depth} "
-                     f"--width {options.width} --batch {options.batch}`\n\n")
-        handle.write(table(rows))
+    params = raw[0]["params"] if raw else 0
+    write_raw_and_table(options.out, raw, context, table(rows),
+                        f"Model: {options.model}, depth {options.depth}, width {options.width} ({params / 1e6:.1f} M "
+                        f"parameters; bench/sharding/program.py), Adam, global batch {options.batch}, {options.steps} "
+                        f"steps; `python -m bench.sharding.memory --model {options.model} --depth {options.depth} "
+                        f"--width {options.width} --batch {options.batch}`\n\n")
     print(table(rows), flush=True)
 
 

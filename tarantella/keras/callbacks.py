@@ -62,7 +62,6 @@ class BackupAndRestoreFromMaster(keras.callbacks.Callback):
 
     def __init__(self, backup: keras.callbacks.BackupAndRestore, collective_saves: bool = False):
         super().__init__()
-        self.collective_saves = collective_saves
         self.twin_directory = None
         if not runtime.is_master_rank() and collective_saves:
             # Same settings, its own directory: it decides to save when the master does, and joins each save.

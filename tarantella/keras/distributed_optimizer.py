@@ -31,7 +31,7 @@ import keras
 from tarantella.keras import gradient_reduction
 from tarantella.timeline import graph_marks
 
-__all__ = ["StepContext", "step_context", "distribute_optimizer", "optimizers_of"]
+__all__ = ["StepContext", "step_context", "distribute_optimizer", "optimizers_of", "unscaled_optimizer"]
 
 _local = threading.local()
 
@@ -101,3 +101,8 @@ def optimizers_of(model: keras.Model) -> list:
         if isinstance(candidate, keras.optimizers.Optimizer) and all(candidate is not f for f in found):
             found.append(candidate)
     return found
+
+
+def unscaled_optimizer(optimizer):
+    """The optimizer that applies the unscaled gradients: a LossScaleOptimizer's inner one, else itself."""
+    return getattr(optimizer, "inner_optimizer", optimizer)

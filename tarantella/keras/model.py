@@ -312,11 +312,11 @@ class Model(keras.Model):
         if sharded and isinstance(optimizer, keras.optimizers.Optimizer) and optimizer.built:
             # A loaded model's optimizer holds every variable's state: the sharded one is a new copy, built on this
             # rank's variables, that takes this rank's part of that state at the first fit.
-            self._loaded_optimizer, optimizer = optimizer, _unbuilt_copy(optimizer)
+            self._loaded_optimizer, optimizer = optimizer, models.unbuilt_copy(optimizer)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False, **kwargs)
         # The wrapped model is compiled alike so that its saved file is complete: sharing the optimizer, or, when
         # sharded, with an unbuilt copy that gets every rank's state only to be saved (save()).
-        self._model.compile(optimizer=_unbuilt_copy(self.optimizer) if sharded else self.optimizer, loss=loss,
+        self._model.compile(optimizer=models.unbuilt_copy(self.optimizer) if sharded else self.optimizer, loss=loss,
                             metrics=metrics, jit_compile=False, **kwargs)
         if sharded:
             sharding.shard_optimizer(self.optimizer)   # built on this rank's share before the first step (_prepare)
@@ -590,18 +590,6 @@ class Model(keras.Model):
         for variable in self._model.variables:
             if id(variable) not in weights:
                 variable.assign(collectives.broadcast(np.array(variable.numpy(), copy=True), root=root))
-
-
-def _unbuilt_copy(optimizer):
-    """A new optimizer configured as `optimizer`, without its state. Keras's config leaves out the weight-decay
-    exclusions (exclude_from_weight_decay), which the copy keeps."""
-    copy = optimizer.__class__.from_config(optimizer.get_config())
-    for source, target in ((optimizer, copy), (getattr(optimizer, "inner_optimizer", None),
-                                               getattr(copy, "inner_optimizer", None))):
-        for name in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
-            if source is not None and hasattr(source, name):
-                setattr(target, name, getattr(source, name))
-    return copy
 
 
 def _check_jit_compile(jit_compile) -> None:

@@ -48,7 +48,7 @@ import tensorflow as tf
 from tarantella import collectives, runtime
 from tarantella._repro import exact_train_step
 from tarantella.data import distributed_dataset, serial_order
-from tarantella.keras import batch_position, global_batch_norm, serial_random
+from tarantella.keras import batch_position, distributed_optimizer, global_batch_norm, models, serial_random
 from tarantella.keras import callbacks as rank_callbacks
 from tarantella.pipeline import channels as peer_channels
 from tarantella.pipeline import data as pipeline_data
@@ -195,19 +195,15 @@ class PipelinedModel(keras.Model):
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, run_eagerly=True, jit_compile=False,
                         **kwargs)
         # The whole model is compiled alike, with its own (unbuilt) optimizer, so its saved file is complete.
-        whole_optimizer = self.optimizer.__class__.from_config(self.optimizer.get_config())
+        whole_optimizer = models.unbuilt_copy(self.optimizer)
         self._user.model.compile(optimizer=whole_optimizer, loss=loss, metrics=metrics, **kwargs)
         self._step_functions = {}
         self._step_logs.forget_names()
         # Note [One model across the stages]: the norm for global_clipnorm is the whole model's.
-        clipping = self._unscaled_optimizer()
+        clipping = distributed_optimizer.unscaled_optimizer(self.optimizer)
         self._global_clipnorm = clipping.global_clipnorm if self.placement.num_stages > 1 else None
         if self._global_clipnorm:
             clipping.global_clipnorm = None
-
-    def _unscaled_optimizer(self):
-        """The optimizer that applies the (unscaled) gradients: a LossScaleOptimizer's inner one."""
-        return getattr(self.optimizer, "inner_optimizer", self.optimizer)
 
     @property
     def loss_tracker(self) -> keras.metrics.Metric:

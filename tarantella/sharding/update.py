@@ -42,12 +42,13 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella import collectives, config, runtime
+from tarantella.keras.distributed_optimizer import unscaled_optimizer
 from tarantella.pipeline import channels
 from tarantella.sharding.handoff import WeightHandoff
 from tarantella.sharding.owners import assign_owners, describe, variable_bytes
 from tarantella.timeline import graph_marks
 
-__all__ = ["MODES", "resolve_mode", "ShardedUpdate", "shard_optimizer", "sharding_of", "unscaled_optimizer"]
+__all__ = ["MODES", "resolve_mode", "ShardedUpdate", "shard_optimizer", "sharding_of"]
 
 logger = logging.getLogger("tarantella")
 
@@ -69,11 +70,6 @@ def resolve_mode(shard) -> str | None:
         raise ValueError(f"tarantella: shard={shard!r} (ZeRO stage {MODES.index(shard) + 1}) is not available in this "
                          f"release; shard='optimizer' (stage 1: optimizer state sharded) is")
     return shard
-
-
-def unscaled_optimizer(optimizer):
-    """The optimizer that applies the unscaled gradients: a LossScaleOptimizer's inner one."""
-    return getattr(optimizer, "inner_optimizer", optimizer)
 
 
 class ShardedUpdate:
