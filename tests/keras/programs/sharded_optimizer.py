@@ -58,9 +58,9 @@ SET_UPS = {
 }
 
 
-def train(model, make_optimizer, epochs=2):
+def train(model, make_optimizer, epochs=2, inputs=None):
     model.compile(optimizer=make_optimizer(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
+    model.fit(x if inputs is None else inputs, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
     return model
 
 
@@ -202,4 +202,26 @@ got = custom_loop(tnt.shard_optimizer(keras.optimizers.AdamW(0.01, weight_decay=
 assert all(np.array_equal(a, b) for a, b in zip(expected, got)), f"rank {rank}: the custom loop differs sharded"
 assert same_on_every_rank(got)
 print("OK a custom loop with tnt.shard_optimizer trains as unsharded", flush=True)
+
+# As users run it: op determinism on, mixed_float16 with a dynamic loss scale, inputs as a dict (last: both are
+# process-wide settings).
+tf.config.experimental.enable_op_determinism()
+keras.mixed_precision.set_global_policy("mixed_float16")
+
+
+def two_inputs():
+    keras.utils.set_random_seed(3)
+    first, second = keras.Input((6,), name="first"), keras.Input((4,), name="second")
+    hidden = keras.layers.Dense(32, activation="relu")(keras.layers.Concatenate()([first, second]))
+    hidden = keras.layers.Dropout(0.1)(keras.layers.BatchNormalization()(hidden))
+    return keras.Model({"first": first, "second": second}, keras.layers.Dense(3, dtype="float32")(hidden))
+
+
+inputs = {"first": x[:, :6], "second": x[:, 6:]}
+make_optimizer = SET_UPS["LossScaleOptimizer(Adam, global_clipnorm)"]
+expected = train(tnt.Model(two_inputs()), make_optimizer, inputs=inputs).get_weights()
+got = train(tnt.Model(two_inputs(), shard="optimizer"), make_optimizer, inputs=inputs).get_weights()
+assert all(np.array_equal(a, b) for a, b in zip(expected, got)), f"rank {rank}: mixed_float16 differs sharded"
+assert same_on_every_rank(got)
+print("OK mixed_float16, op determinism and dict inputs train sharded as unsharded", flush=True)
 print("OK done", flush=True)
