@@ -1,11 +1,11 @@
-"""Issue 21 §3: optimizer state, peak memory and step time per rank, sharded (ZeRO stage 1) against plain data
-parallelism, side by side in one run; writes results/sharding/.
+"""Issue 21 §3: optimizer state, gradient memory, peak memory and step time per rank, sharded (ZeRO stages 1
+and 2) against plain data parallelism, side by side in one run; writes results/sharding/.
 
     python -m bench.sharding.memory [--model mlp|transformer] [--out results/sharding/MODEL-DEPTHxWIDTH]
                                     [--ranks 1,2,4] [--repeats 1] [--width 4096 --depth 6 --batch 64 --steps 6]
 
 Per rank count, `tarantella -n N` (the launcher's defaults) runs bench/sharding/program.py unsharded and with
-shard="optimizer", alternating within each repeat; rows are medians over the repeats, of the largest rank's
+shard="optimizer" and "gradients", alternating within each repeat; rows are medians over the repeats, of the largest rank's
 figures (program.py says what each one measures). Ratios are to the unsharded run at the same rank count.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from bench.pipeline.sweep import REPO, run
 from bench.records import write_raw_and_table
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
-MODES = ("off", "optimizer")
+MODES = ("off", "optimizer", "gradients")
 
 
 def row_of(results: list[dict]) -> dict:
@@ -33,17 +33,19 @@ def row_of(results: list[dict]) -> dict:
     return {"shard": first["shard"], "ranks": first["ranks"], "params": first["params"],
             "weights_mib": round(first["weights_mib"], 1), "global_batch": first["global_batch"],
             "optimizer_state_mib": round(largest("optimizer_state_mib"), 1),
+            "gradient_memory_mib": round(largest("gradient_memory_mib"), 1),
             "peak_rss_growth_mib": round(largest("peak_rss_growth_mib"), 1),
             "step_s": round(largest("step_s"), 3), "repeats": len(results), "loadavg_1min_max": round(max(loads), 2)}
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| ranks | shard | optimizer state per rank (MiB) | of unsharded | peak RSS growth per rank (MiB) | "
-             "of unsharded | step (s) | of unsharded | load |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| ranks | shard | optimizer state per rank (MiB) | of unsharded | gradient memory per rank (MiB) | "
+             "of unsharded | peak RSS growth per rank (MiB) | of unsharded | step (s) | of unsharded | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['ranks']} | {row['shard']} | {row['optimizer_state_mib']} | "
-                     f"{row.get('optimizer_state_of_unsharded', '')} | {row['peak_rss_growth_mib']} | "
+                     f"{row.get('optimizer_state_of_unsharded', '')} | {row['gradient_memory_mib']} | "
+                     f"{row.get('gradient_memory_of_unsharded', '')} | {row['peak_rss_growth_mib']} | "
                      f"{row.get('peak_rss_of_unsharded', '')} | {row['step_s']} | {row.get('step_of_unsharded', '')} | "
                      f"{row['loadavg_1min_max']} |")
     return "\n".join(lines) + "\n"
@@ -79,8 +81,8 @@ def main() -> None:
         for mode in MODES:
             row = row_of(results[mode])
             if mode != "off":
-                row["optimizer_state_of_unsharded"] = round(row["optimizer_state_mib"]
-                                                            / unsharded["optimizer_state_mib"], 3)
+                for figure in ("optimizer_state", "gradient_memory"):
+                    row[f"{figure}_of_unsharded"] = round(row[f"{figure}_mib"] / unsharded[f"{figure}_mib"], 3)
                 row["peak_rss_of_unsharded"] = round(row["peak_rss_growth_mib"] / unsharded["peak_rss_growth_mib"], 3)
                 row["step_of_unsharded"] = round(row["step_s"] / unsharded["step_s"], 3)
             rows.append(row)

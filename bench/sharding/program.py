@@ -1,6 +1,6 @@
 """One run of issue 21's memory benchmark, started by bench/sharding/memory.py through the launcher:
 
-    tarantella -n N -- bench/sharding/program.py --shard optimizer|off [--model mlp|transformer]
+    tarantella -n N -- bench/sharding/program.py --shard off|optimizer|gradients [--model mlp|transformer]
                                                [--width 4096 --depth 6 --batch 64 --steps 6]
 
 With Adam, trained data-parallel by tnt.Model(shard=...) for `steps` steps of the global batch:
@@ -10,6 +10,11 @@ With Adam, trained data-parallel by tnt.Model(shard=...) for `steps` steps of th
   with a residual and LayerNormalization, and Dense(8000) logits; 32 tokens per sample, random tokens.
 Rank 0 prints one RESULT line (JSON) with every rank's figures:
 - optimizer_state_mib: the bytes of the rank's optimizer variables (slots, iteration count), exact;
+- gradient_memory_mib: the bytes the gradient reduction holds for the optimizer, by the engine's layout, not
+  measured: the summed gradients it hands over (every variable's; with shard="gradients" the owned ones') plus
+  the fused reducer's buckets, which on one node live in two areas of shared memory for the whole run (Note
+  [Two copies per gradient byte] in csrc/engine/fused_reducer.hpp; none with shard="gradients"). The local
+  gradients backprop makes are the same in every mode and not counted;
 - peak_rss_growth_mib: peak resident memory (getrusage's ru_maxrss) minus the resident memory before the model
   is built, i.e. weights, gradients, the reducer's buffers, optimizer state, activations and TensorFlow's
   working memory;
@@ -100,10 +105,17 @@ model.compile(optimizer=keras.optimizers.Adam(1e-4),
 times = StepTimes()
 model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0, callbacks=[times])
 
+
+def variable_bytes(variables) -> int:
+    return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
+
+
+summed = model._sharded_update.owned if args.shard == "gradients" and size > 1 else model.trainable_variables
+buckets = sum(model._gradient_allreducer.bucket_bytes()) if model._gradient_allreducer is not None else 0
 mine = {
     "rank": rank,
-    "optimizer_state_mib": sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.optimizer.variables)
-    / MIB,
+    "gradient_memory_mib": (variable_bytes(summed) + 2 * buckets) / MIB,
+    "optimizer_state_mib": variable_bytes(model.optimizer.variables) / MIB,
     "peak_rss_growth_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0 - baseline,
     "step_s": statistics.median(times.times[2:] or times.times),
     "loadavg_before": load_before, "loadavg_after": os.getloadavg(),

@@ -11,7 +11,10 @@ allreduces the model's gradient reducers completed (FusedReducer::reductions_com
 through GraphAllreducer.reductions_completed). Where the engine module predates that counter,
 it is counted here from the reducers' per-bucket finish times (a bucket whose finish time moved
 since the last look was reduced once since), which sees every step when the recorder looks after
-each step (steps_per_execution = 1, Keras's default).
+each step (steps_per_execution = 1, Keras's default). Under shard="gradients" there is no
+allreduce: the gradients travel to their owners (Note [Gradients summed on their owners] in
+tarantella/sharding/gradients_to_owners.py), and each completed send counts (the sends'
+tokens, added up inside the step).
 Pipelined models exchange activations, not gradient sums: their reductions are not counted (None).
 """
 from __future__ import annotations
@@ -60,6 +63,11 @@ class ReductionCounter:
             entry[1] += sum(1 for index, time in enumerate(finished)
                             if time > 0 and (index >= len(entry[2]) or time != entry[2][index]))
             entry[2] = finished
+        to_owners = getattr(getattr(self.model, "_sharded_update", None), "_to_owners", None)
+        if to_owners is not None:
+            entry = self._seen.setdefault(id(to_owners), [to_owners, 0, []])
+            entry[1] = int(to_owners.sends.variable.numpy())
+            self.source = "gradient sends to their owners (shard='gradients')"
         if not self._seen:
             self.source = "no gradient reducer: the model reduces nothing"
         elif self.source.startswith("no gradient reducer"):

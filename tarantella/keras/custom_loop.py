@@ -28,6 +28,7 @@ import tensorflow as tf
 from tarantella import collectives, runtime
 from tarantella.data import distributed_dataset, user_input
 from tarantella.keras import gradient_reduction, sparse_gradients
+from tarantella.sharding import update as sharding_update
 from tarantella.keras.graph_allreduce import GraphAllreducer
 
 __all__ = ["distribute_dataset", "reduce_gradients", "broadcast_variables"]
@@ -56,13 +57,16 @@ def distribute_dataset(dataset: tf.data.Dataset, micro_batch_size: int | None = 
 
 
 @tf.autograph.experimental.do_not_convert  # plain Python at trace time (autograph mangles its loops' returns)
-def reduce_gradients(gradients, variables=None, share=None, overlap: bool = True) -> list[tf.Tensor]:
+def reduce_gradients(gradients, variables=None, share=None, overlap: bool = True, optimizer=None) -> list[tf.Tensor]:
     """sum over ranks of share * gradients (share defaults to 1 / ranks: the mean), in `variables`' shapes.
 
     Call it inside a tf.function (the same calls, in the same order, on every rank). `variables` give each
     gradient its shape (sparse gradients become dense); without them the gradients' own static shapes must
     be complete. None gradients become zeros. Sparse gradients of per-sample lookups (embeddings) stay
-    tf.IndexedSlices: every rank's slices, as serial Keras would see them (Note [Sparse gradients stay sparse])."""
+    tf.IndexedSlices: every rank's slices, as serial Keras would see them (Note [Sparse gradients stay sparse]).
+    `optimizer`: one sharded by tnt.shard_optimizer(optimizer, mode="gradients") (ZeRO stage 2), which
+    these gradients are for: each is summed on its variable's owner only, and None on the other ranks
+    (optimizer.apply takes them as they are; Note [Gradients summed on their owners])."""
     gradients = list(gradients)
     if variables is None:
         variables = [tf.convert_to_tensor(gradient) for gradient in gradients]
@@ -73,7 +77,8 @@ def reduce_gradients(gradients, variables=None, share=None, overlap: bool = True
         return [_scaled_sparse(gradient, share) if sparse_gradients.is_per_sample(gradient)
                 else dense * tf.cast(share, dense.dtype)
                 for gradient, dense in zip(gradients, gradient_reduction.dense_gradients(gradients, list(variables)))]
-    return gradient_reduction.weighted_sum(gradients, list(variables), share, _allreducer_for, overlap)
+    to_owners = None if optimizer is None else sharding_update.reduction_to_owners(optimizer, list(variables))
+    return gradient_reduction.weighted_sum(gradients, list(variables), share, _allreducer_for, overlap, to_owners)
 
 
 def _scaled_sparse(gradient: tf.IndexedSlices, share) -> tf.IndexedSlices:

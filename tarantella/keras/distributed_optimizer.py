@@ -80,8 +80,10 @@ def distribute_optimizer(optimizer: keras.optimizers.Optimizer) -> keras.optimiz
                 context.first_allreducer = allreducer
             return allreducer
 
+        from tarantella.sharding.update import reduction_to_owners  # it imports this module
+        to_owners = reduction_to_owners(optimizer, variables)  # ZeRO stage 2, else None
         summed = gradient_reduction.weighted_sum([grads[i] for i in present], [variables[i] for i in present],
-                                                 context.share, allreducer_for, context.overlap)
+                                                 context.share, allreducer_for, context.overlap, to_owners)
         for index, grad in zip(present, summed):
             grads[index] = grad
         applied = local_apply(grads, variables)

@@ -45,14 +45,16 @@ def dense_gradients(gradients, variables) -> list[tf.Tensor]:
     return dense
 
 
-def weighted_sum(gradients, variables, share, allreducer_for: Callable, overlap: bool = True) -> list:
+def weighted_sum(gradients, variables, share, allreducer_for: Callable, overlap: bool = True, to_owners=None) -> list:
     """sum over ranks of share_r * gradient_r, in the order of `variables` (call while tracing).
 
     `share` is this rank's n_r / N (a scalar tensor), or None when the gradients are already weighted.
     Registered in backprop order (the reverse of the variables) so that buckets fill as backprop runs.
     A rank with share 0 (no samples) contributes exact zeros even if its gradients are not finite.
     Sparse gradients of per-sample lookups come back as the global batch's tf.IndexedSlices, all others
-    dense (Note [Sparse gradients stay sparse] in sparse_gradients.py)."""
+    dense (Note [Sparse gradients stay sparse] in sparse_gradients.py). `to_owners`: a sharding with
+    shard="gradients", whose reduce_to_owners sums the dense gradients instead of the allreduce, each on its
+    variable's owner: the others get None for it (Note [Gradients summed on their owners])."""
     gradients, variables = list(gradients), list(variables)
     sparse = [i for i, gradient in enumerate(gradients) if sparse_gradients.is_per_sample(gradient)]
     dense_at = [i for i in range(len(gradients)) if i not in sparse]
@@ -66,8 +68,12 @@ def weighted_sum(gradients, variables, share, allreducer_for: Callable, overlap:
         if share is not None:
             dense = [_weighted(gradient, share) for gradient in dense]
         in_backprop_order = dense[::-1]
-        summed = allreducer_for(in_backprop_order)(in_backprop_order, overlap=overlap)
-        summed = [tf.cast(g, dtype) if g.dtype != dtype else g for g, dtype in zip(summed[::-1], dtypes)]
+        if to_owners is not None:
+            summed = to_owners.reduce_to_owners(in_backprop_order, dense_variables[::-1])
+        else:
+            summed = allreducer_for(in_backprop_order)(in_backprop_order, overlap=overlap)
+        summed = [tf.cast(g, dtype) if g is not None and g.dtype != dtype else g
+                  for g, dtype in zip(summed[::-1], dtypes)]
         for i, gradient in zip(dense_at, graph_marks.mark_each(summed, graph_marks.REDUCED)):
             result[i] = gradient
     if sparse:

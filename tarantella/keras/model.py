@@ -87,7 +87,9 @@ class Model(keras.Model):
     batch_norm="global" (default): BatchNormalization uses the global batch's statistics, as serial Keras;
     "local": each rank's micro-batch statistics (Note [What differs from serial training]).
     shard="optimizer": each rank keeps the optimizer state of its own share of the variables only (ZeRO stage 1,
-    Note [A sharded update] in tarantella/sharding/update.py); None: the launcher's --shard (default off)."""
+    Note [A sharded update] in tarantella/sharding/update.py); "gradients": it also receives only their summed
+    gradients (stage 2, Note [Gradients summed on their owners] in tarantella/sharding/gradients_to_owners.py);
+    None: the launcher's --shard (default off)."""
 
     # What tnt-repro's records call this model's strategy (read there without importing this module).
     tnt_strategy = "data parallel (tnt.Model)"
@@ -303,7 +305,7 @@ class Model(keras.Model):
         below the reduction)."""
         for optimizer in distributed_optimizer.optimizers_of(self._model):
             if self._is_sharded():
-                sharding.shard_optimizer(optimizer)
+                sharding.shard_optimizer(optimizer, mode=self.shard)
             distributed_optimizer.distribute_optimizer(optimizer)
 
     def _compile_direct(self, optimizer="rmsprop", loss=None, metrics=None, **kwargs):
@@ -319,7 +321,7 @@ class Model(keras.Model):
         self._model.compile(optimizer=models.unbuilt_copy(self.optimizer) if sharded else self.optimizer, loss=loss,
                             metrics=metrics, jit_compile=False, **kwargs)
         if sharded:
-            sharding.shard_optimizer(self.optimizer)   # built on this rank's share before the first step (_prepare)
+            sharding.shard_optimizer(self.optimizer, mode=self.shard)   # built on this rank's share before the first step (_prepare)
         self._close_allreducers()
 
     def _is_sharded(self) -> bool:
@@ -392,7 +394,9 @@ class Model(keras.Model):
             return self._gradient_allreducer
 
         riding = metric_reduction.RidingAllreducer(allreducer_for, metric_state)
-        reduced = gradient_reduction.weighted_sum(gradients, variables, None, riding, self.overlap_communication)
+        to_owners = self._sharded_update if self.shard == "gradients" else None  # ZeRO stage 2
+        reduced = gradient_reduction.weighted_sum(gradients, variables, None, riding, self.overlap_communication,
+                                                  to_owners)
         summed_state = riding.summed_state
         if summed_state is None:  # no dense gradient to ride with
             summed_state = self._allreducer_for(metric_state, "metrics")(metric_state) if metric_state else []

@@ -17,11 +17,9 @@ An owner sends each of its variables to the N-1 other ranks, so each rank
 receives (N-1)/N of the model's bytes: an allgather's volume, point-to-point
 rather than in a ring, which on one node (shared memory, single copy) costs
 the same and keeps no persistent buffer (the weights stay the only full copy).
-Across nodes a ring would spread the owner's sends; not done yet.
-The transfer ops are not stateful ops (the pipeline's schedule relies on
-that), so a send whose token nobody reads would be turned into a no-op by
-TensorFlow's graph optimiser: every send's token is added into a counter
-variable (`sends_completed`), whose update must run.
+Across nodes a ring would spread the owner's sends; not done yet. The sends
+are kept in the graph by a counter (Note [Sends are kept by a counter] in
+send_counter.py).
 """
 from __future__ import annotations
 
@@ -29,6 +27,7 @@ import tensorflow as tf
 
 from tarantella import tf_ops
 from tarantella.keras.graph_allreduce import unchained
+from tarantella.sharding.send_counter import SendCounter
 from tarantella.timeline import graph_marks
 
 __all__ = ["WeightHandoff"]
@@ -44,8 +43,7 @@ class WeightHandoff:
         self.channels = channels          # kept open while the step graph uses its id
         self.channels_id = channels.id
         self._ops = tf_ops.load_ops()
-        # Weight transfers this rank has sent (Note above: it also keeps the sends in the graph).
-        self.sends_completed = tf.Variable(0, dtype=tf.int64, trainable=False, name="tnt_weight_sends")
+        self.sends = SendCounter("tnt_weight_sends")
 
     def __call__(self, variables: list, owners: list, tags: list, after) -> None:
         """Traced, after this rank's updates: the owners' new values everywhere (the same call on every rank).
@@ -65,5 +63,4 @@ class WeightHandoff:
                                                            channels=self.channels_id, peer=owner, tag=tag))
                 variable.assign(received)
                 graph_marks.mark_after_updates([variable], graph_marks.HANDED_OVER)  # timeline only
-        if sent:
-            self.sends_completed.assign_add(tf.cast(tf.add_n([token + 1 for token in sent]), tf.int64))
+        self.sends.count(sent)

@@ -1,16 +1,22 @@
-"""ZeRO stage 1: each rank keeps the optimizer state of its own variables only (tnt.Model, tnt.shard_optimizer).
+"""ZeRO stages 1 and 2: each rank keeps the optimizer state of its own variables only (shard="optimizer"), and
+also receives only their summed gradients (shard="gradients"); tnt.Model, tnt.shard_optimizer.
 
 Note [A sharded update]
-Every rank has the summed gradients of every variable (the fused allreduce,
-as without sharding). The optimizer, the user's unchanged Keras optimizer, is
+Under shard="optimizer" every rank has the summed gradients of every variable
+(the fused allreduce, as without sharding); under shard="gradients" only its
+own variables' (Note [Gradients summed on their owners] in
+gradients_to_owners.py). The optimizer, the user's unchanged Keras optimizer, is
 built on this rank's variables only (Note [Whole variables to owners,
 balanced by bytes] in owners.py), so its slots, EMA copies and gradient
 accumulators exist for them alone: 1/N of the optimizer state per rank. Each
 rank applies the update of its own variables and hands the new values to the
 others (Note [Handing the updated weights over] in handoff.py). Two of
 Keras's rules are about the whole model, not a variable, and are decided
-here, over every variable's gradients, identically on every rank (they all
-hold the same summed gradients):
+here, over every variable's gradients, identically on every rank (under
+shard="optimizer" they all hold the same summed gradients; under "gradients"
+each owner computes its variables' figures, a squared sum, whether all are
+finite, whether there is a gradient, and one small allreduce gives them to
+every rank: adding zeros is exact, so every rank holds the owners' bits):
 - `global_clipnorm`: the norm over all gradients. It is taken off the
   optimizer (which would see only its part) and the owned gradients are
   scaled by Keras's own factor, computed with Keras's arithmetic
@@ -44,11 +50,13 @@ import tensorflow as tf
 from tarantella import collectives, config, runtime
 from tarantella.keras.distributed_optimizer import unscaled_optimizer
 from tarantella.pipeline import channels
+from tarantella.keras.blocking_allreduce import BlockingAllreduce
+from tarantella.sharding.gradients_to_owners import GradientsToOwners
 from tarantella.sharding.handoff import WeightHandoff
 from tarantella.sharding.owners import assign_owners, describe, variable_bytes
 from tarantella.timeline import graph_marks
 
-__all__ = ["MODES", "resolve_mode", "ShardedUpdate", "shard_optimizer", "sharding_of"]
+__all__ = ["MODES", "resolve_mode", "ShardedUpdate", "shard_optimizer", "sharding_of", "reduction_to_owners"]
 
 logger = logging.getLogger("tarantella")
 
@@ -66,25 +74,28 @@ def resolve_mode(shard) -> str | None:
         raise ValueError(f"tarantella: shard={shard!r} is not a sharding mode; use one of "
                          f"{', '.join(map(repr, MODES))} "
                          f"(ZeRO stages 1-3) or None")
-    if shard != "optimizer":
-        raise ValueError(f"tarantella: shard={shard!r} (ZeRO stage {MODES.index(shard) + 1}) is not available in this "
-                         f"release; shard='optimizer' (stage 1: optimizer state sharded) is")
+    if shard == "weights":
+        raise ValueError(f"tarantella: shard={shard!r} (ZeRO stage 3) is not available in this release; "
+                         f"shard='optimizer' (stage 1: optimizer state sharded) and 'gradients' (stage 2: also the "
+                         f"summed gradients) are")
     return shard
 
 
 class ShardedUpdate:
     """The sharding of one optimizer over the variables it is built on; made on every rank, in the same order
-    (opens channels: a collective). `build` builds the optimizer (default: its own build)."""
+    (opens channels: a collective). `build` builds the optimizer (default: its own build). `mode`: "optimizer"
+    (stage 1) or "gradients" (stage 2: `reduce_to_owners` sums the gradients)."""
 
-    def __init__(self, variables: list, optimizer, size: int, rank: int, build=None):
+    def __init__(self, variables: list, optimizer, size: int, rank: int, build=None, mode: str = "optimizer"):
         self.variables = list(variables)
         sizes = [variable_bytes(v) for v in self.variables]
         self.owners = assign_owners(sizes, size)
         self.rank = rank
+        self.mode = mode
         self.owned = [v for v, owner in zip(self.variables, self.owners) if owner == rank]
         self._owner_and_tag = {id(v): (owner, tag) for tag, (v, owner) in enumerate(zip(self.variables, self.owners))}
         _check_shardable(optimizer, self.variables, size)
-        logger.info("tarantella: shard='optimizer': %s", describe(sizes, self.owners, size))
+        logger.info("tarantella: shard=%r: %s", mode, describe(sizes, self.owners, size))
         inner = unscaled_optimizer(optimizer)
         # Note [A sharded update]: the whole model's norm is taken here, not by the optimizer.
         self.global_clipnorm = inner.global_clipnorm
@@ -92,6 +103,17 @@ class ShardedUpdate:
         (build or optimizer.build)(self.owned)
         _finalize_owned_only(optimizer, self)
         self.handoff = WeightHandoff(rank, size, channels.open_channels())
+        self._to_owners = GradientsToOwners(rank, size, channels.open_channels()) if mode == "gradients" else None
+        # The whole-model figures of stage 2 (Note [A sharded update]); made now, collectively.
+        self._figures_allreduce = (BlockingAllreduce() if self._to_owners and (self.global_clipnorm or
+                                                                                hasattr(optimizer, "inner_optimizer"))
+                                   else None)
+
+    def reduce_to_owners(self, gradients: list, variables: list) -> list:
+        """Traced, shard="gradients": the sum over the ranks of each of this rank's (weighted) `gradients` of
+        `variables` on its owner, None on the other ranks (Note [Gradients summed on their owners])."""
+        owners, tags = zip(*[self._owner_and_tag[id(v)] for v in variables]) if variables else ((), ())
+        return self._to_owners(list(gradients), list(owners), list(tags))
 
     def apply(self, optimizer, gradients, variables, apply=None) -> None:
         """Traced: update this rank's share of `variables` (some or all of those the optimizer was built on) with
@@ -108,7 +130,7 @@ class ShardedUpdate:
             raise ValueError(f"tarantella: rank {self.rank} owns none of the {len(variables)} variables this "
                              f"{type(optimizer).__name__}.apply updates, so its iteration count would fall behind; "
                              f"apply the optimizer to more variables at once, or do not shard it")
-        gradients = self._whole_model_decisions(optimizer, list(gradients))
+        gradients = self._whole_model_decisions(optimizer, list(gradients), [i in mine for i in range(len(owners))])
         (apply or optimizer.apply)([gradients[i] for i in mine], [variables[i] for i in mine])
         # The receives are posted once this rank's own updates are written (Note [Handing the updated weights over]).
         with tf.control_dependencies([tf.convert_to_tensor(variables[i]) for i in mine]):
@@ -116,14 +138,17 @@ class ShardedUpdate:
                                     graph_marks.OWN_UPDATES)  # timeline only
         self.handoff(variables, list(owners), list(tags), done)
 
-    def _whole_model_decisions(self, optimizer, gradients: list) -> list:
+    def _whole_model_decisions(self, optimizer, gradients: list, owned: list) -> list:
         scaled = hasattr(optimizer, "inner_optimizer")
         if not (self.global_clipnorm or scaled):
             return gradients
-        if scaled:
-            finite = optimizer.check_finite(gradients)
+        if self._figures_allreduce is None:  # every rank holds every summed gradient
+            finite = optimizer.check_finite(gradients) if scaled else None
+            squared = [_squared_sum(g) for g in _as_the_optimizer_clips_them(optimizer, gradients) if g is not None]
+        else:
+            finite, squared = self._exchanged_figures(optimizer, gradients, owned)
         if self.global_clipnorm:
-            factor = _global_clip_factor(_as_the_optimizer_clips_them(optimizer, gradients), self.global_clipnorm)
+            factor = _global_clip_factor(squared, self.global_clipnorm)
             gradients = [g if g is None else _map_values(g, lambda v: v * tf.cast(factor, v.dtype)) for g in gradients]
         if scaled:
             gradients = [g if g is None else _map_values(g, lambda v: tf.where(finite, v, tf.constant(float("nan"),
@@ -131,9 +156,24 @@ class ShardedUpdate:
                          for g in gradients]
         return gradients
 
+    def _exchanged_figures(self, optimizer, gradients: list, owned: list):
+        """Stage 2: (all gradients finite, [squared sum of each gradient as the optimizer clips it]), every rank
+        alike, from the owners' figures (Note [A sharded update]). Sums are exchanged in float64, which holds
+        float32 and 16-bit values exactly, so every rank gets the owner's bits."""
+        clipped = _as_the_optimizer_clips_them(optimizer, gradients)
+        zero = tf.zeros([], tf.float64)
+        rows = [[tf.cast(_squared_sum(g), tf.float64), tf.cast(tf.logical_not(keras.ops.all(keras.ops.isfinite(g))),
+                                                               tf.float64), tf.ones([], tf.float64)]
+                if mine and g is not None else [zero, zero, zero] for g, mine in zip(clipped, owned)]
+        figures = self._figures_allreduce(tf.stack([tf.stack(row) for row in rows]))
+        squared = tf.boolean_mask(figures[:, 0], figures[:, 2] > 0)
+        dtype = next((g.dtype for g in gradients if g is not None), tf.float32)
+        return tf.reduce_sum(figures[:, 1]) == 0, tf.cast(squared, dtype)
 
-def shard_optimizer(optimizer, variables=None):
-    """Keep only this rank's share of `optimizer`'s state (ZeRO stage 1), in place; returns the optimizer.
+
+def shard_optimizer(optimizer, variables=None, mode: str = "optimizer"):
+    """Keep only this rank's share of `optimizer`'s state (ZeRO stage 1), in place; returns the optimizer. With
+    mode="gradients" (stage 2) its gradients are summed on their owners only (reduction_to_owners).
 
     Its build(variables) (Keras's, or the first apply's) builds it on this rank's share of them (Note [Whole
     variables to owners, balanced by bytes] in owners.py), and its apply(grads, variables), given gradients
@@ -147,7 +187,8 @@ def shard_optimizer(optimizer, variables=None):
 
     def build(var_list):
         with tf.init_scope():  # its state is made eagerly, also when first built inside a traced step
-            optimizer._tnt_sharded_update = ShardedUpdate(var_list, optimizer, size, rank, build=local_build)
+            optimizer._tnt_sharded_update = ShardedUpdate(var_list, optimizer, size, rank, build=local_build,
+                                                          mode=mode)
 
     def apply(grads, trainable_variables=None):
         update = sharding_of(optimizer)
@@ -161,7 +202,7 @@ def shard_optimizer(optimizer, variables=None):
                      apply=local_apply)
 
     optimizer.build, optimizer.apply = build, apply
-    optimizer._tnt_shards = True
+    optimizer._tnt_shards = mode
     optimizer._tnt_sharded_update = None
     if variables is not None:
         build(list(variables))
@@ -171,6 +212,17 @@ def shard_optimizer(optimizer, variables=None):
 def sharding_of(optimizer) -> ShardedUpdate | None:
     """The sharding of an optimizer made by shard_optimizer, once it is built (else None)."""
     return getattr(optimizer, "_tnt_sharded_update", None)
+
+
+def reduction_to_owners(optimizer, variables: list):
+    """For an optimizer sharded with mode="gradients": the sharding whose reduce_to_owners sums gradients of
+    `variables` (building the optimizer on them if it is not built yet: a collective, traced on every rank alike).
+    None for any other optimizer (its gradients are allreduced)."""
+    if getattr(optimizer, "_tnt_shards", None) != "gradients":
+        return None
+    if sharding_of(optimizer) is None:
+        optimizer.build(list(variables))
+    return sharding_of(optimizer)
 
 
 def _as_the_optimizer_clips_them(optimizer, gradients: list) -> list:
@@ -184,11 +236,16 @@ def _as_the_optimizer_clips_them(optimizer, gradients: list) -> list:
     return gradients
 
 
-def _global_clip_factor(gradients: list, clip_norm: float):
-    """Keras's clip_by_global_norm scale factor, by Keras's arithmetic (global_norm, then the factor), so that
-    the clipped gradients have the bits the optimizer itself would give them."""
+def _squared_sum(gradient):
+    """A gradient's term of Keras's global_norm, by its arithmetic."""
+    return keras.ops.sum(keras.ops.square(gradient))
+
+
+def _global_clip_factor(squared_sums, clip_norm: float):
+    """Keras's clip_by_global_norm scale factor from the gradients' squared sums, by Keras's arithmetic
+    (global_norm, then the factor), so that the clipped gradients have the bits the optimizer would give them."""
     ops = keras.ops
-    use_norm = ops.sqrt(ops.sum(ops.stack([ops.sum(ops.square(g)) for g in gradients if g is not None])))
+    use_norm = ops.sqrt(ops.sum(ops.stack(squared_sums) if isinstance(squared_sums, list) else squared_sums))
     return clip_norm * ops.minimum(1.0 / use_norm, 1.0 / clip_norm) + (use_norm - use_norm)
 
 

@@ -50,7 +50,7 @@ def mark(tensor, event: str):
 def mark_each(tensors: list, event: str) -> list:
     if not session.enabled():
         return tensors
-    return [mark(tensor, event) for tensor in tensors]
+    return [tensor if tensor is None else mark(tensor, event) for tensor in tensors]
 
 
 def mark_after_updates(variables, event: str = UPDATED) -> None:

@@ -1,5 +1,5 @@
-"""shard="optimizer" (ZeRO stage 1, issue 21): bitwise unsharded training and serial's within 1e-6 for six
-optimizer set-ups, owned state only, save and resume (tests/keras/programs/sharded_optimizer.py)."""
+"""shard="optimizer" and "gradients" (ZeRO stages 1 and 2, issue 21): bitwise unsharded training and serial's
+within 1e-6 for six optimizer set-ups, owned state only, save and resume (tests/keras/programs/sharded_optimizer.py)."""
 import os
 
 import pytest
@@ -26,5 +26,7 @@ def test_sharded_optimizer_state_trains_as_unsharded(ranks):
     for rank in range(ranks):
         lines = result.rank_stdout.get(rank, "")
         for set_up in SET_UPS:
-            assert f"OK {set_up}: bitwise unsharded" in lines, f"rank {rank} missed {set_up!r}\n{result.describe()}"
+            for mode in ("optimizer", "gradients"):
+                assert f"OK {set_up}: bitwise unsharded ({mode})" in lines, \
+                    f"rank {rank} missed {set_up!r} ({mode})\n{result.describe()}"
     result.assert_printed(CHECKS, range(ranks))

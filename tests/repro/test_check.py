@@ -176,11 +176,13 @@ def test_cnn_example_is_bitwise_identical_in_exact_mode(tmp_path):
 
 @pytest.mark.multirank
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
-def test_sharded_optimizer_state_is_bitwise_identical_in_exact_mode(tmp_path):
-    """shard="optimizer" (issue 21): each rank updates its own variables and hands them over; in exact mode the
-    weights are serial's bit for bit, at 2 and 4 ranks, with global_clipnorm taken over all ranks' variables."""
+@pytest.mark.parametrize("shard", ["optimizer", "gradients"])
+def test_sharded_training_is_bitwise_identical_in_exact_mode(tmp_path, shard):
+    """shard="optimizer"/"gradients" (issue 21): each rank updates its own variables (with "gradients", from the
+    sums it alone receives) and hands them over; in exact mode the weights are serial's bit for bit, at 2 and 4
+    ranks, with global_clipnorm taken over all ranks' variables."""
     code, stdout, stderr, report = check(tmp_path, SHARDED, "--devices", "2,4", "--steps", "4", "--mode", "exact",
-                                         "--no-as-written")
+                                         "--no-as-written", "--", "--shard", shard)
     assert code == 0, stdout + stderr
     found = verdicts_of(report)
     for devices in (2, 4):

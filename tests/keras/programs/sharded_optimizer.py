@@ -1,13 +1,15 @@
-"""shard="optimizer" (ZeRO stage 1, issue 21) against unsharded data parallelism and serial Keras.
+"""shard="optimizer" and "gradients" (ZeRO stages 1 and 2, issue 21) against unsharded data parallelism and
+serial Keras.
 
     tarantella -n N -- sharded_optimizer.py
 
 For each optimizer set-up the same seeded model (Dense, BatchNormalization, Dropout, Dense: variables of
 uneven sizes, so some ranks own more than others) is trained three ways: serial Keras on this rank,
-tnt.Model unsharded and tnt.Model(shard="optimizer"). Checks: the sharded weights equal the unsharded ones
+tnt.Model unsharded and tnt.Model(shard=mode) for each mode. Checks: the sharded weights equal the unsharded ones
 bit for bit and serial's within 1e-6 (float32 set-ups), the same on every rank; the optimizer state
 per rank is only the owned variables'; model.save writes the whole optimizer state, equal to the unsharded
-model's; tnt.models.load_model(shard=...) resumes from it as the unsharded model does. Prints "OK <check>".
+model's; tnt.models.load_model(shard=...) resumes from it as the unsharded model does; models with their own
+train_step, custom loops, mixed precision. Prints "OK <check>" ("OK <set-up>: bitwise unsharded (<mode>)").
 
 Grappler's arithmetic optimizer is off: it rewrites a learning-rate schedule's tensor differently depending
 on how many variables' updates consume it (unsharded: all of them; sharded: this rank's), which moves
@@ -26,6 +28,7 @@ import tarantella as tnt
 tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
 
 rank, size = tnt.get_rank(), tnt.get_size()
+MODES = ("optimizer", "gradients")
 rng = np.random.default_rng(0)
 N, BATCH = 96, 24
 x = rng.standard_normal((N, 10)).astype(np.float32)
@@ -79,23 +82,28 @@ def same_on_every_rank(arrays) -> bool:
     return all(np.array_equal(gathered[0], other) for other in gathered[1:])
 
 
+def assert_bitwise(expected, got, what):
+    for index, (a, b) in enumerate(zip(expected, got)):
+        assert np.array_equal(a, b), f"rank {rank} {what}: weight {index} differs by {np.max(np.abs(a - b)):.3g}"
+    assert same_on_every_rank(got), f"{what}: ranks hold different weights"
+
+
 for name, make_optimizer in SET_UPS.items():
     serial = train(build(), make_optimizer).get_weights()
-    unsharded = train(tnt.Model(build()), make_optimizer)
-    sharded = train(tnt.Model(build(), shard="optimizer"), make_optimizer)
-    expected, got = unsharded.get_weights(), sharded.get_weights()
-    for index, (a, b) in enumerate(zip(expected, got)):
-        assert np.array_equal(a, b), (f"rank {rank} {name}: weight {index} differs from unsharded by "
-                                      f"{np.max(np.abs(a - b)):.3g}")
-    difference = max(float(np.max(np.abs(a - b))) for a, b in zip(serial, got))
-    assert difference < 1e-6, f"rank {rank} {name}: {difference:.3g} from serial"
-    assert same_on_every_rank(got), f"{name}: ranks hold different weights"
-    owned = owned_variables(sharded)
-    assert len(owned) < len(sharded.trainable_variables) or size == 1
-    slots = [v for v in sharded.optimizer.variables if len(v.shape) > 0]
-    owned_shapes = sorted(tuple(v.shape) for v in owned)
-    assert {tuple(v.shape) for v in slots} <= set(owned_shapes), f"{name}: slots of variables not owned: {slots}"
-    print(f"OK {name}: bitwise unsharded, serial within {difference:.1g}, the same on every rank", flush=True)
+    expected = train(tnt.Model(build()), make_optimizer).get_weights()
+    for mode in MODES:
+        sharded = train(tnt.Model(build(), shard=mode), make_optimizer)
+        got = sharded.get_weights()
+        assert_bitwise(expected, got, f"{name} sharded {mode!r} against unsharded")
+        difference = max(float(np.max(np.abs(a - b))) for a, b in zip(serial, got))
+        assert difference < 1e-6, f"rank {rank} {name} ({mode}): {difference:.3g} from serial"
+        owned = owned_variables(sharded)
+        assert len(owned) < len(sharded.trainable_variables) or size == 1
+        slots = [v for v in sharded.optimizer.variables if len(v.shape) > 0]
+        owned_shapes = sorted(tuple(v.shape) for v in owned)
+        assert {tuple(v.shape) for v in slots} <= set(owned_shapes), f"{name}: slots of variables not owned: {slots}"
+        print(f"OK {name}: bitwise unsharded ({mode}), serial within {difference:.1g}, the same on every rank",
+              flush=True)
 
 # Every rank owns a share of the whole: together the owned variables are the model's, each once.
 owned = tnt.allgather_object(sorted(v.path for v in owned_variables(sharded)))
@@ -125,7 +133,7 @@ print("OK save writes the whole optimizer state, equal to unsharded training's",
 keras.utils.set_random_seed(3)
 resumed_unsharded = tnt.models.load_model(unsharded_path)
 keras.utils.set_random_seed(3)
-resumed_sharded = tnt.models.load_model(sharded_path, shard="optimizer")
+resumed_sharded = tnt.models.load_model(sharded_path, shard="gradients")
 for model in (resumed_unsharded, resumed_sharded):
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
 assert all(np.array_equal(a, b) for a, b in zip(resumed_unsharded.get_weights(), resumed_sharded.get_weights())), \
@@ -160,10 +168,9 @@ def own_step_model():
 
 make_optimizer = SET_UPS["Adam with global_clipnorm"]
 unsharded = train(tnt.Model(own_step_model()), make_optimizer)
-sharded = train(tnt.Model(own_step_model(), shard="optimizer"), make_optimizer)
-assert all(np.array_equal(a, b) for a, b in zip(unsharded.get_weights(), sharded.get_weights())), \
-    f"rank {rank}: a model's own train_step trains differently sharded"
-assert same_on_every_rank(sharded.get_weights())
+for mode in MODES:
+    sharded = train(tnt.Model(own_step_model(), shard=mode), make_optimizer)
+    assert_bitwise(unsharded.get_weights(), sharded.get_weights(), f"a model's own train_step sharded {mode!r}")
 if size > 1:
     assert len(sharded.optimizer.variables) < len(unsharded.optimizer.variables)
     try:
@@ -175,7 +182,7 @@ print("OK a model's own train_step trains sharded as unsharded", flush=True)
 
 
 # A custom loop: tnt.reduce_gradients, then the sharded optimizer, built by its first apply inside the step.
-def custom_loop(optimizer):
+def custom_loop(optimizer, to_owners=False):
     keras.utils.set_random_seed(7)
     model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(33, activation="relu"),
                               keras.layers.Dense(17, activation="tanh"), keras.layers.Dense(3)])
@@ -188,7 +195,7 @@ def custom_loop(optimizer):
         with tf.GradientTape() as tape:
             loss = loss_fn(targets, model(inputs, training=True))
         gradients = tnt.reduce_gradients(tape.gradient(loss, model.trainable_variables), model.trainable_variables,
-                                         share=share)
+                                         share=share, optimizer=optimizer if to_owners else None)
         optimizer.apply(gradients, model.trainable_variables)
 
     for _ in range(2):
@@ -199,8 +206,10 @@ def custom_loop(optimizer):
 
 expected = custom_loop(keras.optimizers.AdamW(0.01, weight_decay=0.05))
 got = custom_loop(tnt.shard_optimizer(keras.optimizers.AdamW(0.01, weight_decay=0.05)))
-assert all(np.array_equal(a, b) for a, b in zip(expected, got)), f"rank {rank}: the custom loop differs sharded"
-assert same_on_every_rank(got)
+assert_bitwise(expected, got, "the custom loop sharded 'optimizer'")
+got = custom_loop(tnt.shard_optimizer(keras.optimizers.AdamW(0.01, weight_decay=0.05), mode="gradients"),
+                  to_owners=True)
+assert_bitwise(expected, got, "the custom loop sharded 'gradients'")
 print("OK a custom loop with tnt.shard_optimizer trains as unsharded", flush=True)
 
 # As users run it: op determinism on, mixed_float16 with a dynamic loss scale, inputs as a dict (last: both are
@@ -220,8 +229,8 @@ def two_inputs():
 inputs = {"first": x[:, :6], "second": x[:, 6:]}
 make_optimizer = SET_UPS["LossScaleOptimizer(Adam, global_clipnorm)"]
 expected = train(tnt.Model(two_inputs()), make_optimizer, inputs=inputs).get_weights()
-got = train(tnt.Model(two_inputs(), shard="optimizer"), make_optimizer, inputs=inputs).get_weights()
-assert all(np.array_equal(a, b) for a, b in zip(expected, got)), f"rank {rank}: mixed_float16 differs sharded"
-assert same_on_every_rank(got)
+for mode in MODES:
+    got = train(tnt.Model(two_inputs(), shard=mode), make_optimizer, inputs=inputs).get_weights()
+    assert_bitwise(expected, got, f"mixed_float16 sharded {mode!r}")
 print("OK mixed_float16, op determinism and dict inputs train sharded as unsharded", flush=True)
 print("OK done", flush=True)
