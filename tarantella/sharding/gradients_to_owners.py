@@ -33,6 +33,7 @@ import tensorflow as tf
 from tarantella import runtime, tf_ops
 from tarantella.keras.graph_allreduce import unchained
 from tarantella.sharding.send_counter import SendCounter
+from tarantella.timeline import graph_marks
 
 __all__ = ["GradientsToOwners"]
 
@@ -56,14 +57,15 @@ class GradientsToOwners:
         summed, tokens = [], []
         for gradient, owner, tag in zip(gradients, owners, tags):
             if owner != self.rank:
-                tokens.append(unchained(self._ops.tnt_send(gradient, channels=self.channels.id, peer=owner,
-                                                           tag=tag)))
+                token = unchained(self._ops.tnt_send(gradient, channels=self.channels.id, peer=owner, tag=tag))
+                tokens.append(graph_marks.mark(token, graph_marks.TO_OWNER))  # timeline only
                 summed.append(None)
                 continue
             after = self.sends.after([gradient])
-            parts = [gradient if peer == self.rank else
+            parts = [gradient if peer == self.rank else graph_marks.mark(  # timeline only
                      unchained(self._ops.tnt_receive(after, T=gradient.dtype, shape=tuple(gradient.shape),
-                                                     channels=self.channels.id, peer=peer, tag=tag))
+                                                     channels=self.channels.id, peer=peer, tag=tag)),
+                     graph_marks.TO_OWNER)
                      for peer in range(self.size)]
             summed.append(self._sum(parts))
         self.sends.count(tokens)

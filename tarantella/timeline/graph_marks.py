@@ -13,7 +13,7 @@ import numpy as np
 from tarantella.timeline import session
 
 __all__ = ["mark", "mark_each", "mark_after_updates", "drain", "LOSS", "GRADIENT", "REDUCED", "UPDATED",
-           "OWN_UPDATES", "HANDED_OVER",
+           "OWN_UPDATES", "HANDED_OVER", "TO_OWNER",
            "STATISTICS_SENT", "STATISTICS_SUMMED"]
 
 LOSS = "loss"            # the scaled loss exists: backprop begins
@@ -24,7 +24,8 @@ STATISTICS_SENT = "statistics_sent"      # a blocking statistics allreduce's inp
 STATISTICS_SUMMED = "statistics_summed"  # its sum exists
 OWN_UPDATES = "own_updates"   # shard="optimizer": this rank's own updates are written
 HANDED_OVER = "handed_over"   # shard="optimizer": an updated weight left for, or arrived from, its owner
-_EVENTS = (LOSS, GRADIENT, REDUCED, UPDATED, STATISTICS_SENT, STATISTICS_SUMMED, OWN_UPDATES, HANDED_OVER)
+TO_OWNER = "to_owner"         # shard="gradients": a gradient left for its owner, or arrived at this owner
+_EVENTS = (LOSS, GRADIENT, REDUCED, UPDATED, STATISTICS_SENT, STATISTICS_SUMMED, OWN_UPDATES, HANDED_OVER, TO_OWNER)
 
 
 @functools.lru_cache(maxsize=None)

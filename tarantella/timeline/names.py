@@ -11,7 +11,10 @@ Each rank is one process of the trace ("rank R"); its tracks (threads):
              (args: step); with shard="optimizer" also `weight_handoff`, from
              this rank's own updates written to the last updated weight sent
              or received (Note [Handing the updated weights over]; args: step,
-             transfers).
+             transfers); with shard="gradients" also `gradients_to_owners`,
+             from the first gradient produced to the last gradient sent to
+             its owner or received by this one (Note [Gradients summed on
+             their owners]; args: step, transfers), and no reducer spans.
   reducer    the gradient reducer's progress thread: per bucket an instant
              `bucket_ready` when its last gradient was handed over, and a span
              `allreduce` (args: step, bucket, bytes; metrics_only: true for a
@@ -32,7 +35,7 @@ A program computes the overlap from these names alone
 from __future__ import annotations
 
 __all__ = ["TRACKS", "DOCUMENTED", "track_id", "STEP", "BACKWARD", "OPTIMIZER", "ALLREDUCE", "BUCKET_READY",
-           "METRIC_ALLREDUCE", "STATISTICS_ALLREDUCE", "WEIGHT_HANDOFF"]
+           "METRIC_ALLREDUCE", "STATISTICS_ALLREDUCE", "WEIGHT_HANDOFF", "GRADIENTS_TO_OWNERS"]
 
 TRACKS = ("step", "reducer", "metrics", "pipeline", "python", "statistics")
 
@@ -44,6 +47,7 @@ BUCKET_READY = "bucket_ready"
 METRIC_ALLREDUCE = "metric_allreduce"
 STATISTICS_ALLREDUCE = "statistics_allreduce"
 WEIGHT_HANDOFF = "weight_handoff"
+GRADIENTS_TO_OWNERS = "gradients_to_owners"
 
 DOCUMENTED = {
     STEP: "step track: one fit step (args: step)",
@@ -55,6 +59,8 @@ DOCUMENTED = {
     METRIC_ALLREDUCE: "metrics track: a metric-state bucket's allreduce (args: step, bucket, bytes)",
     WEIGHT_HANDOFF: "step track, shard='optimizer': own updates written to the last updated weight sent or "
                     "received (args: step, transfers)",
+    GRADIENTS_TO_OWNERS: "step track, shard='gradients': first gradient produced to the last gradient sent to "
+                         "its owner or received (args: step, transfers)",
     STATISTICS_ALLREDUCE: "statistics track: a blocking allreduce of BatchNormalization's statistics, input to "
                           "sum (args: step, index)",
 }

@@ -16,7 +16,7 @@ STEPS = 4
 
 @pytest.mark.multirank
 @pytest.mark.timeout(270)
-@pytest.mark.parametrize("mode", ["overlap", "no_overlap", "sharded"])
+@pytest.mark.parametrize("mode", ["overlap", "no_overlap", "sharded", "sharded_gradients"])
 def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
     target = tmp_path / "trace.json"
     result = run_ranks(2, PROGRAM, args=[mode], timeout=240, launcher_args=["--timeline", str(target)]).check()
@@ -28,7 +28,8 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
     events = trace["traceEvents"]
     assert {e["pid"] for e in events} == {0, 1}
     thread_names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
-    assert {(r, t) for r in (0, 1) for t in ("step", "reducer", "metrics", "statistics")} <= thread_names
+    tracks = ("step", "metrics", "statistics") + (() if mode == "sharded_gradients" else ("reducer",))
+    assert {(r, t) for r in (0, 1) for t in tracks} <= thread_names
     for rank in (0, 1):
         mine = [e for e in trace_file.spans(trace) if e["pid"] == rank]
         for name in (names.STEP, names.BACKWARD, names.OPTIMIZER):
@@ -43,21 +44,30 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
             inside = lambda e: step_span["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step_span["ts"] + step_span["dur"]
             assert inside(backward) and inside(update) and all(inside(e) for e in allreduces)
             # the update needs the reduced gradients; every bucket's reduction needs its gradients
-            assert update["ts"] + update["dur"] >= max(e["ts"] + e["dur"] for e in allreduces
-                                                       if e["args"]["bucket"] in gradient_buckets)
-            assert min(e["ts"] for e in allreduces if e["args"]["bucket"] in gradient_buckets) >= backward["ts"]
+            if gradient_buckets:
+                assert update["ts"] + update["dur"] >= max(e["ts"] + e["dur"] for e in allreduces
+                                                           if e["args"]["bucket"] in gradient_buckets)
+                assert min(e["ts"] for e in allreduces if e["args"]["bucket"] in gradient_buckets) >= backward["ts"]
             assert any(e["name"] == names.METRIC_ALLREDUCE and e["args"]["step"] == step for e in mine)
             statistics = [e for e in mine if e["name"] == names.STATISTICS_ALLREDUCE and e["args"]["step"] == step]
             assert len(statistics) == 2 and all(inside(e) for e in statistics), statistics  # forward, backward
             assert sorted(e["args"]["index"] for e in statistics) == [0, 1]
             assert statistics[0]["ts"] + statistics[0]["dur"] <= backward["ts"] + backward["dur"]
             handoffs = [e for e in mine if e["name"] == names.WEIGHT_HANDOFF and e["args"]["step"] == step]
-            if mode == "sharded":  # each rank sends what it owns and receives the rest: one transfer per variable
+            to_owners = [e for e in mine if e["name"] == names.GRADIENTS_TO_OWNERS and e["args"]["step"] == step]
+            if mode == "sharded_gradients":  # each rank sends what it does not own, receives for what it owns
+                assert len(to_owners) == 1 and inside(to_owners[0]) and to_owners[0]["ts"] >= backward["ts"]
+                assert to_owners[0]["args"]["transfers"] == 8, to_owners
+            else:
+                assert not to_owners
+            if mode.startswith("sharded"):  # each rank sends what it owns and receives the rest: one per variable
                 assert len(handoffs) == 1 and inside(handoffs[0]) and handoffs[0]["ts"] >= update["ts"], handoffs
                 assert handoffs[0]["args"]["transfers"] == 8, handoffs  # 3 Dense + BatchNormalization: 8 variables
             else:
                 assert not handoffs
     rows = overlap_from_trace(str(target))
+    if mode == "sharded_gradients":  # no gradient allreduce: nothing overlaps backprop by that measure
+        return
     assert {(row["rank"], row["step"]) for row in rows} == {(r, s) for r in (0, 1) for s in range(STEPS)}
     if mode == "no_overlap":  # no allreduce starts before the last gradient exists
         shares = [(row["rank"], row["step"], round(row["overlap_share"], 3), round(row["exposed_s"], 6)) for row in rows]

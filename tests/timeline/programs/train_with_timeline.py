@@ -1,5 +1,5 @@
 """Trains a small dense model (with one BatchNormalization layer) for a few steps with the timeline on (launched with --timeline).
-argv[1]: "overlap", "no_overlap" or "sharded" (overlap, shard="optimizer"). A rank prints its reducer's bucket sizes, and which buckets hold gradients, for the test."""
+argv[1]: "overlap", "no_overlap", "sharded" (overlap, shard="optimizer") or "sharded_gradients" (shard="gradients": no gradient reducer). A rank prints its reducer's bucket sizes, and which buckets hold gradients, for the test."""
 import json
 import sys
 
@@ -19,15 +19,15 @@ hidden = keras.layers.ReLU()(keras.layers.BatchNormalization()(hidden))
 hidden = keras.layers.Dense(256, activation="relu")(hidden)
 outputs = keras.layers.Dense(4)(hidden)
 model = tnt.Model(keras.Model(inputs, outputs), overlap_communication=(sys.argv[1] != "no_overlap"),
-                  shard="optimizer" if sys.argv[1] == "sharded" else None)
+                  shard={"sharded": "optimizer", "sharded_gradients": "gradients"}.get(sys.argv[1]))
 model.compile(optimizer=keras.optimizers.SGD(0.01), jit_compile=False, metrics=["accuracy"],
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 x = np.random.default_rng(0).normal(size=(64 * 4, 32)).astype("float32")
 y = (np.arange(64 * 4) % 4).astype("int64")
 model.fit(x, y, batch_size=64, epochs=1, verbose=0)
-gradients = [a for purpose, a in model._allreducers if purpose == "gradients"][0]
-print("BUCKETS " + json.dumps(gradients.bucket_bytes()), flush=True)
+gradients = [a for purpose, a in model._allreducers if purpose == "gradients"]
+print("BUCKETS " + json.dumps(gradients[0].bucket_bytes() if gradients else []), flush=True)
 # The buckets holding gradients (the metric state may ride in the last ones: Note [Metric state rides with the
 # gradients]); registered first, in backprop order.
-holding = sorted({gradients.bucket_of(t) for t in range(len(model.trainable_variables))})
+holding = sorted({gradients[0].bucket_of(t) for t in range(len(model.trainable_variables))}) if gradients else []
 print("GRADIENT_BUCKETS " + json.dumps(holding), flush=True)
