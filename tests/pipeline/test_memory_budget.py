@@ -1,6 +1,7 @@
 """The per-rank memory budget (--memory-budget) is enforced on each rank's peak resident memory, and a
 pipelined model built in tnt.deferred_weights() fits a budget that the same model's data parallelism
-(every rank holding all weights, gradients and Adam's state) exceeds (issue 20 §4)."""
+(every rank holding all weights, gradients and Adam's state) exceeds (issue 20 §4), as does the same data
+parallelism with its gradients and optimizer state sharded (shard="gradients", issue 21)."""
 import os
 import re
 
@@ -20,6 +21,10 @@ def test_a_deferred_pipeline_trains_within_a_budget_that_data_parallelism_exceed
     fits.check()
     peaks = [int(re.search(r"OK trained, peak (\d+) MiB", fits.rank_stdout[r]).group(1)) for r in range(2)]
     assert max(peaks) <= 2000, fits.describe()
+    sharded = run_ranks(2, PROGRAM, args=["sharded", WIDTH], launcher_args=BUDGET, timeout=90)
+    sharded.check()
+    peaks = [int(re.search(r"OK trained, peak (\d+) MiB", sharded.rank_stdout[r]).group(1)) for r in range(2)]
+    assert max(peaks) <= 2000, sharded.describe()
     over = run_ranks(2, PROGRAM, args=["data", WIDTH], launcher_args=BUDGET, timeout=90)
     assert over.returncode != 0, over.describe()
     assert re.search(r"^tarantella: error: rank \d of 2 failed first: it exited with code 3 on host \S+: "
