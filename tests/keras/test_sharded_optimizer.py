@@ -12,7 +12,8 @@ SET_UPS = ["SGD with momentum", "AdamW excluding biases from decay", "Adam with 
            "LossScaleOptimizer(Adam, global_clipnorm)"]
 CHECKS = ["the optimizer state of each rank is its owned variables'",
           "save writes the whole optimizer state, equal to unsharded training's",
-          "a saved sharded model resumes as the unsharded one does", "ModelCheckpoint writes the whole optimizer state",
+          "a saved sharded model resumes as the unsharded one does",
+          "a checkpoint of one rank resumes sharded on N as unsharded", "ModelCheckpoint writes the whole optimizer state",
           "a model's own train_step trains sharded as unsharded", "a custom loop with tnt.shard_optimizer trains as unsharded",
           "mixed_float16, op determinism and dict inputs train sharded as unsharded",
           "done"]

@@ -140,6 +140,20 @@ assert all(np.array_equal(a, b) for a, b in zip(resumed_unsharded.get_weights(),
     "resuming sharded differs from resuming unsharded"
 assert same_on_every_rank(resumed_sharded.get_weights())
 print("OK a saved sharded model resumes as the unsharded one does", flush=True)
+# A checkpoint of another rank count: plain Keras's file of serial training (one rank) loads sharded on N ranks.
+serial_path = os.path.join(directory, "serial.keras")
+if rank == 0:
+    train(build(), make_optimizer).save(serial_path)
+tnt.barrier()
+keras.utils.set_random_seed(3)
+from_serial_unsharded = tnt.models.load_model(serial_path)
+keras.utils.set_random_seed(3)
+from_serial_sharded = tnt.models.load_model(serial_path, shard="gradients")
+for model in (from_serial_unsharded, from_serial_sharded):
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+assert_bitwise(from_serial_unsharded.get_weights(), from_serial_sharded.get_weights(),
+               "a serial checkpoint resumed sharded")
+print("OK a checkpoint of one rank resumes sharded on N as unsharded", flush=True)
 # ModelCheckpoint joins every rank in the save; its file holds the whole optimizer state.
 checkpoint_path = os.path.join(directory, "checkpoint.keras")
 resumed_sharded.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
