@@ -5,8 +5,9 @@ and 2) against plain data parallelism, side by side in one run; writes results/s
                                     [--ranks 1,2,4] [--repeats 1] [--width 4096 --depth 6 --batch 64 --steps 6]
 
 Per rank count, `tarantella -n N` (the launcher's defaults) runs bench/sharding/program.py unsharded and with
-shard="optimizer" and "gradients", alternating within each repeat; rows are medians over the repeats, of the largest rank's
-figures (program.py says what each one measures). Ratios are to the unsharded run at the same rank count.
+shard="optimizer" and "gradients", alternating within each repeat; rows are medians over the repeats, of the
+largest rank's figures (program.py says what each one measures). Ratios are to the unsharded run at the same
+rank count.
 """
 from __future__ import annotations
 

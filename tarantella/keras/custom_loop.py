@@ -28,8 +28,8 @@ import tensorflow as tf
 from tarantella import collectives, runtime
 from tarantella.data import distributed_dataset, user_input
 from tarantella.keras import gradient_reduction, sparse_gradients
-from tarantella.sharding import update as sharding_update
 from tarantella.keras.graph_allreduce import GraphAllreducer
+from tarantella.sharding import update as sharding_update
 
 __all__ = ["distribute_dataset", "reduce_gradients", "broadcast_variables"]
 

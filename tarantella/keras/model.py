@@ -321,7 +321,8 @@ class Model(keras.Model):
         self._model.compile(optimizer=models.unbuilt_copy(self.optimizer) if sharded else self.optimizer, loss=loss,
                             metrics=metrics, jit_compile=False, **kwargs)
         if sharded:
-            sharding.shard_optimizer(self.optimizer, mode=self.shard)   # built on this rank's share before the first step (_prepare)
+            # built on this rank's share before the first step (_prepare)
+            sharding.shard_optimizer(self.optimizer, mode=self.shard)
         self._close_allreducers()
 
     def _is_sharded(self) -> bool:

@@ -94,7 +94,7 @@ class ShardedUpdate:
         self.mode = mode
         self.owned = [v for v, owner in zip(self.variables, self.owners) if owner == rank]
         self._owner_and_tag = {id(v): (owner, tag) for tag, (v, owner) in enumerate(zip(self.variables, self.owners))}
-        _check_shardable(optimizer, self.variables, size)
+        _check_shardable(optimizer, self.variables, size, mode)
         logger.info("tarantella: shard=%r: %s", mode, describe(sizes, self.owners, size))
         inner = unscaled_optimizer(optimizer)
         # Note [A sharded update]: the whole model's norm is taken here, not by the optimizer.
@@ -255,20 +255,20 @@ def _map_values(gradient, function):
     return function(gradient)
 
 
-def _check_shardable(optimizer, variables: list, size: int) -> None:
+def _check_shardable(optimizer, variables: list, size: int, mode: str = "optimizer") -> None:
     if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"tarantella: shard='optimizer' shards a Keras optimizer; got {type(optimizer).__name__}")
+        raise TypeError(f"tarantella: shard={mode!r} shards a Keras optimizer; got {type(optimizer).__name__}")
     inner = unscaled_optimizer(optimizer)
     if inner.global_clipnorm and inner.gradient_accumulation_steps:
-        raise ValueError(f"tarantella: shard='optimizer' cannot combine global_clipnorm with "
+        raise ValueError(f"tarantella: shard={mode!r} cannot combine global_clipnorm with "
                          f"gradient_accumulation_steps in {type(inner).__name__}: the norm of the accumulated "
                          f"gradients would need every rank's accumulators; clip with clipnorm, or do not shard")
     if len(variables) < size:
-        raise ValueError(f"tarantella: shard='optimizer' gives every rank whole variables to update, and this model "
+        raise ValueError(f"tarantella: shard={mode!r} gives every rank whole variables to update, and this model "
                          f"has {len(variables)} trainable variables for {size} ranks; train it unsharded or on at "
                          f"most {len(variables)} ranks")
     if optimizer.built:
-        raise ValueError(f"tarantella: shard='optimizer' builds the optimizer on this rank's variables only, and "
+        raise ValueError(f"tarantella: shard={mode!r} builds the optimizer on this rank's variables only, and "
                          f"{type(optimizer).__name__} is already built; shard a new optimizer")
 
 

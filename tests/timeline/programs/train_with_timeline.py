@@ -1,5 +1,6 @@
 """Trains a small dense model (with one BatchNormalization layer) for a few steps with the timeline on (launched with --timeline).
-argv[1]: "overlap", "no_overlap", "sharded" (overlap, shard="optimizer") or "sharded_gradients" (shard="gradients": no gradient reducer). A rank prints its reducer's bucket sizes, and which buckets hold gradients, for the test."""
+argv[1]: "overlap", "no_overlap", "sharded" (overlap, shard="optimizer") or "sharded_gradients"
+(shard="gradients": no gradient reducer). A rank prints its reducer's bucket sizes, and which buckets hold gradients, for the test."""
 import json
 import sys
 
