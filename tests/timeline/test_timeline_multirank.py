@@ -43,10 +43,12 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
             update = next(e for e in mine if e["name"] == names.OPTIMIZER and e["args"]["step"] == step)
             inside = lambda e: step_span["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step_span["ts"] + step_span["dur"]
             assert inside(backward) and inside(update) and all(inside(e) for e in allreduces)
-            # the update needs the reduced gradients; every bucket's reduction needs its gradients
+            # the update needs the reduced gradients (sharded: only those of the variables this rank owns, so a
+            # bucket of others' gradients may finish after its update); every bucket's reduction needs its gradients
             if gradient_buckets:
-                assert update["ts"] + update["dur"] >= max(e["ts"] + e["dur"] for e in allreduces
-                                                           if e["args"]["bucket"] in gradient_buckets)
+                if mode == "overlap" or mode == "no_overlap":
+                    assert update["ts"] + update["dur"] >= max(e["ts"] + e["dur"] for e in allreduces
+                                                               if e["args"]["bucket"] in gradient_buckets)
                 assert min(e["ts"] for e in allreduces if e["args"]["bucket"] in gradient_buckets) >= backward["ts"]
             assert any(e["name"] == names.METRIC_ALLREDUCE and e["args"]["step"] == step for e in mine)
             statistics = [e for e in mine if e["name"] == names.STATISTICS_ALLREDUCE and e["args"]["step"] == step]
