@@ -149,7 +149,9 @@ class ShardedUpdate:
             finite, squared = self._exchanged_figures(optimizer, gradients, owned)
         if self.global_clipnorm:
             factor = _global_clip_factor(squared, self.global_clipnorm)
-            gradients = [g if g is None else _map_values(g, lambda v: v * tf.cast(factor, v.dtype)) for g in gradients]
+            # As clip_by_global_norm scales them (`v * scale`): a tf.IndexedSlices (an Embedding's) becomes dense
+            # there too, and Keras's optimizers update dense and sparse gradients differently.
+            gradients = [g if g is None else g * tf.cast(factor, g.dtype) for g in gradients]
         if scaled:
             gradients = [g if g is None else _map_values(g, lambda v: tf.where(finite, v, tf.constant(float("nan"),
                                                                                                        v.dtype)))

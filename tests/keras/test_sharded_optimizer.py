@@ -15,6 +15,7 @@ CHECKS = ["the optimizer state of each rank is its owned variables'",
           "a saved sharded model resumes as the unsharded one does",
           "a checkpoint of one rank resumes sharded on N as unsharded", "ModelCheckpoint writes the whole optimizer state",
           "a model's own train_step trains sharded as unsharded", "a custom loop with tnt.shard_optimizer trains as unsharded",
+          "sparse gradients (Embedding) train sharded as unsharded",
           "mixed_float16, op determinism and dict inputs train sharded as unsharded",
           "done"]
 

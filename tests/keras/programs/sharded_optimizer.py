@@ -226,6 +226,22 @@ got = custom_loop(tnt.shard_optimizer(keras.optimizers.AdamW(0.01, weight_decay=
 assert_bitwise(expected, got, "the custom loop sharded 'gradients'")
 print("OK a custom loop with tnt.shard_optimizer trains as unsharded", flush=True)
 
+# An Embedding's gradient is sparse (tf.IndexedSlices): gathered on every rank, applied by its owner only.
+def with_embedding():
+    keras.utils.set_random_seed(5)
+    tokens = keras.Input((4,), dtype="int32")
+    hidden = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(50, 8)(tokens))
+    return keras.Model(tokens, keras.layers.Dense(3)(keras.layers.Dense(16, activation="relu")(hidden)))
+
+
+token_ids = rng.integers(0, 50, (N, 4)).astype(np.int32)
+expected = train(tnt.Model(with_embedding()), SET_UPS["Adam with global_clipnorm"], inputs=token_ids).get_weights()
+for mode in MODES:
+    got = train(tnt.Model(with_embedding(), shard=mode), SET_UPS["Adam with global_clipnorm"],
+                inputs=token_ids).get_weights()
+    assert_bitwise(expected, got, f"an Embedding's sparse gradients sharded {mode!r}")
+print("OK sparse gradients (Embedding) train sharded as unsharded", flush=True)
+
 # As users run it: op determinism on, mixed_float16 with a dynamic loss scale, inputs as a dict (last: both are
 # process-wide settings).
 tf.config.experimental.enable_op_determinism()
