@@ -48,16 +48,30 @@ COLUMNS = ["model", "mode", "schedule", "defer_weight_gradients", "micro_batches
 PIPELINES = [("gpipe", "default"), ("1f1b", "default"), ("1f1b", "on")]
 
 
+def launch(ranks: int, options: list[str], timeout: float = 600, env: dict | None = None, program: str = PROGRAM,
+           launcher_args: tuple = ()) -> subprocess.CompletedProcess:
+    """`tarantella -n ranks [launcher_args] -- program options` (otherwise the launcher's defaults), run to its end."""
+    command = [sys.executable, "-m", "tarantella.launcher", "-n", str(ranks), *launcher_args, "--", program, *options]
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+def result_of(stdout: str) -> dict | None:
+    """The JSON of a program's RESULT line, or None."""
+    for line in stdout.splitlines():
+        if "RESULT " in line:
+            return json.loads(line.split("RESULT ", 1)[1])
+    return None
+
+
 def run(ranks: int, options: list[str], timeout: float = 600, env: dict | None = None,
         program: str = PROGRAM) -> dict:
     """`tarantella -n ranks -- program options` (the launcher's defaults); the RESULT line's JSON."""
-    command = [sys.executable, "-m", "tarantella.launcher", "-n", str(ranks), "--", program, *options]
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
-    for line in done.stdout.splitlines():
-        if "RESULT " in line:
-            return json.loads(line.split("RESULT ", 1)[1])
-    raise RuntimeError(f"no result from {' '.join(command)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    done = launch(ranks, options, timeout, env, program)
+    result = result_of(done.stdout)
+    if result is None:
+        raise RuntimeError(f"no result from {' '.join(done.args)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return result
 
 
 def plan(options) -> list[tuple[str, int, list[str]]]:

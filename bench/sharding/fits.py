@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 
 from bench.machine import describe_machine, describe_source
-from bench.pipeline.sweep import REPO
+from bench.pipeline.sweep import REPO, launch, result_of
 from bench.records import write_raw_and_table
+from bench.sharding.model_options import add_model_options, program_arguments
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
 MODES = ("off", "optimizer", "gradients")
@@ -26,13 +25,9 @@ BUDGET_EXIT_CODE = 3  # memory_budget.start's
 
 
 def attempt(ranks: int, budget: str, mode: str, model: list[str], timeout: float) -> dict:
-    command = [sys.executable, "-m", "tarantella.launcher", "-n", str(ranks), "--memory-budget", budget, "--",
-               PROGRAM, "--shard", mode, *model]
     began = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
-    result = next((json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines()
-                   if "RESULT " in line), None)
+    done = launch(ranks, ["--shard", mode, *model], timeout, program=PROGRAM, launcher_args=("--memory-budget", budget))
+    result = result_of(done.stdout)
     refusal = next((line.strip() for line in done.stderr.splitlines() if "MemoryBudgetError" in line), "")
     return {"shard": mode, "ranks": ranks, "budget": budget, "exit_code": done.returncode,
             "trained": done.returncode == 0 and result is not None, "budget_error": refusal,
@@ -57,19 +52,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", default="4GiB", help="each rank's peak resident memory budget")
     parser.add_argument("--ranks", default="2")
-    parser.add_argument("--model", choices=("mlp", "transformer"), default="mlp")
-    parser.add_argument("--width", type=int, default=4096)
-    parser.add_argument("--depth", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=6)
+    add_model_options(parser, depth=8)
     parser.add_argument("--out", default=None, help="default: results/sharding/fits-<model>-<depth>x<width>")
     options = parser.parse_args()
     options.out = options.out or os.path.join(REPO, "results", "sharding",
                                               f"fits-{options.model}-{options.depth}x{options.width}")
     os.makedirs(options.out, exist_ok=True)
     context = {"machine": describe_machine(), "source": describe_source()}
-    model = ["--model", options.model, "--width", str(options.width), "--depth", str(options.depth),
-             "--batch", str(options.batch), "--steps", str(options.steps)]
+    model = program_arguments(options)
     rows = []
     for ranks in map(int, options.ranks.split(",")):
         for mode in MODES:

@@ -18,6 +18,7 @@ import statistics
 
 from bench.machine import describe_machine, describe_source
 from bench.pipeline.sweep import REPO, run
+from bench.sharding.model_options import add_model_options, program_arguments
 from bench.records import write_raw_and_table
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
@@ -55,20 +56,15 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="default: results/sharding/<model>-<depth>x<width>")
-    parser.add_argument("--model", choices=("mlp", "transformer"), default="mlp")
     parser.add_argument("--ranks", default="1,2,4")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--width", type=int, default=4096)
-    parser.add_argument("--depth", type=int, default=6)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=6)
+    add_model_options(parser, depth=6)
     options = parser.parse_args()
     options.out = options.out or os.path.join(REPO, "results", "sharding",
                                               f"{options.model}-{options.depth}x{options.width}")
     os.makedirs(options.out, exist_ok=True)
     context = {"machine": describe_machine(), "source": describe_source()}
-    model = ["--model", options.model, "--width", str(options.width), "--depth", str(options.depth),
-             "--batch", str(options.batch), "--steps", str(options.steps)]
+    model = program_arguments(options)
     raw, rows = [], []
     for ranks in map(int, options.ranks.split(",")):
         results = {mode: [] for mode in MODES}

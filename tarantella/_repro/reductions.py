@@ -63,10 +63,11 @@ class ReductionCounter:
             entry[1] += sum(1 for index, time in enumerate(finished)
                             if time > 0 and (index >= len(entry[2]) or time != entry[2][index]))
             entry[2] = finished
-        to_owners = getattr(getattr(self.model, "_sharded_update", None), "_to_owners", None)
-        if to_owners is not None:
-            entry = self._seen.setdefault(id(to_owners), [to_owners, 0, []])
-            entry[1] = int(to_owners.sends.variable.numpy())
+        update = getattr(self.model, "_sharded_update", None)
+        sends = update.gradient_sends() if update is not None else None
+        if sends is not None:
+            entry = self._seen.setdefault(id(update), [update, 0, []])
+            entry[1] = sends
             self.source = "gradient sends to their owners (shard='gradients')"
         if not self._seen:
             self.source = "no gradient reducer: the model reduces nothing"

@@ -395,7 +395,7 @@ class Model(keras.Model):
             return self._gradient_allreducer
 
         riding = metric_reduction.RidingAllreducer(allreducer_for, metric_state)
-        to_owners = self._sharded_update if self.shard == "gradients" else None  # ZeRO stage 2
+        to_owners = sharding.reduction_to_owners(self.optimizer, variables)  # ZeRO stage 2, else None
         reduced = gradient_reduction.weighted_sum(gradients, variables, None, riding, self.overlap_communication,
                                                   to_owners)
         summed_state = riding.summed_state

@@ -91,7 +91,6 @@ class ShardedUpdate:
         sizes = [variable_bytes(v) for v in self.variables]
         self.owners = assign_owners(sizes, size)
         self.rank = rank
-        self.mode = mode
         self.owned = [v for v, owner in zip(self.variables, self.owners) if owner == rank]
         self._owner_and_tag = {id(v): (owner, tag) for tag, (v, owner) in enumerate(zip(self.variables, self.owners))}
         _check_shardable(optimizer, self.variables, size, mode)
@@ -108,6 +107,11 @@ class ShardedUpdate:
         self._figures_allreduce = (BlockingAllreduce() if self._to_owners and (self.global_clipnorm or
                                                                                 hasattr(optimizer, "inner_optimizer"))
                                    else None)
+
+    def gradient_sends(self) -> int | None:
+        """Gradients this rank has sent to their owners so far (shard="gradients"; None otherwise): tnt-repro's
+        evidence that training was distributed (Note [Refusing runs that distributed nothing])."""
+        return None if self._to_owners is None else int(self._to_owners.sends.variable.numpy())
 
     def reduce_to_owners(self, gradients: list, variables: list) -> list:
         """Traced, shard="gradients": the sum over the ranks of each of this rank's (weighted) `gradients` of

@@ -129,30 +129,28 @@ assert len(expected) == len(got) and all(np.array_equal(a, b) for a, b in zip(ex
     "the saved optimizer state differs from the unsharded model's"
 print("OK save writes the whole optimizer state, equal to unsharded training's", flush=True)
 
-# A .keras file does not hold the Dropout layer's seed state: each load draws it, so both draw it alike.
-keras.utils.set_random_seed(3)
-resumed_unsharded = tnt.models.load_model(unsharded_path)
-keras.utils.set_random_seed(3)
-resumed_sharded = tnt.models.load_model(sharded_path, shard="gradients")
-for model in (resumed_unsharded, resumed_sharded):
-    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-assert all(np.array_equal(a, b) for a, b in zip(resumed_unsharded.get_weights(), resumed_sharded.get_weights())), \
-    "resuming sharded differs from resuming unsharded"
-assert same_on_every_rank(resumed_sharded.get_weights())
+def resumed_alike(unsharded_from, sharded_from, what):
+    """The model loaded from `sharded_from` with shard="gradients" and trained one epoch, after checking that it
+    trains bitwise as the unsharded model loaded from `unsharded_from`. A .keras file does not hold the Dropout
+    layer's seed state: each load draws it, so both draw it alike."""
+    keras.utils.set_random_seed(3)
+    unsharded = tnt.models.load_model(unsharded_from)
+    keras.utils.set_random_seed(3)
+    sharded = tnt.models.load_model(sharded_from, shard="gradients")
+    for model in (unsharded, sharded):
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert_bitwise(unsharded.get_weights(), sharded.get_weights(), what)
+    return sharded
+
+
+resumed_sharded = resumed_alike(unsharded_path, sharded_path, "resuming sharded against unsharded")
 print("OK a saved sharded model resumes as the unsharded one does", flush=True)
 # A checkpoint of another rank count: plain Keras's file of serial training (one rank) loads sharded on N ranks.
 serial_path = os.path.join(directory, "serial.keras")
 if rank == 0:
     train(build(), make_optimizer).save(serial_path)
 tnt.barrier()
-keras.utils.set_random_seed(3)
-from_serial_unsharded = tnt.models.load_model(serial_path)
-keras.utils.set_random_seed(3)
-from_serial_sharded = tnt.models.load_model(serial_path, shard="gradients")
-for model in (from_serial_unsharded, from_serial_sharded):
-    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-assert_bitwise(from_serial_unsharded.get_weights(), from_serial_sharded.get_weights(),
-               "a serial checkpoint resumed sharded")
+resumed_alike(serial_path, serial_path, "a serial checkpoint resumed sharded")
 print("OK a checkpoint of one rank resumes sharded on N as unsharded", flush=True)
 # ModelCheckpoint joins every rank in the save; its file holds the whole optimizer state.
 checkpoint_path = os.path.join(directory, "checkpoint.keras")
