@@ -58,6 +58,19 @@ void back_off(unsigned round) {
   }
 }
 
+void back_off_briefly(unsigned round) {
+  const unsigned spin = g_spin_rounds.load(std::memory_order_relaxed);
+  if (spin == 0) {   // oversubscribed (set_oversubscribed)
+    back_off(round);
+  } else if (round < spin) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  } else {
+    sched_yield();
+  }
+}
+
 void Deadline::wait(const std::function<bool()>& done, const char* what,
                     const std::function<std::string()>& describe_missing) {
   for (unsigned round = 0;; ++round) {

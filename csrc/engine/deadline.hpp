@@ -59,6 +59,12 @@ class Deadline {
 // One step of the spin -> yield -> sleep back-off, `round` counting from 0.
 void back_off(unsigned round);
 
+// One step of a wait for something due within the time of a compute pass: spin,
+// then yield for as long as it lasts, never a timed sleep (Note [Awaited receives
+// are polled without sleeping] in peer_channels.hpp). With more ranks on the node
+// than cores it is back_off: there a polling thread takes a core a rank needs.
+void back_off_briefly(unsigned round);
+
 // With more ranks on a node than cores, a spinning rank holds the core that the
 // rank it waits for needs: then waits start by yielding, without spinning.
 void set_oversubscribed(bool oversubscribed);

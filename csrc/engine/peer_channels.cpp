@@ -23,6 +23,11 @@ const char* const kSizeMismatch = "size mismatch: ";
 // expire on the progress thread]): small against any timeout, rare against the polling.
 constexpr std::chrono::milliseconds kExpiryCheckInterval{50};
 
+// How long after the last queued or completed transfer an awaited receive is polled without sleeping (Note
+// [Awaited receives are polled without sleeping]): longer than a pipeline's pass, short against the
+// pauses between steps and epochs, after which the back-off sleeps again.
+constexpr std::chrono::milliseconds kBriskPolling{50};
+
 // Live channels by id, for the TensorFlow face (PeerChannels::with_channels).
 std::mutex g_registry_mutex;
 std::map<int, PeerChannels*> g_registry;
@@ -117,6 +122,8 @@ void PeerChannels::progress_loop() {
   std::vector<MPI_Status> statuses;
   unsigned round = 0;
   auto last_expiry_check = std::chrono::steady_clock::now();
+  auto last_news = last_expiry_check;   // a transfer queued or completed (Note [Awaited receives are polled
+                                        // without sleeping])
   for (;;) {
     std::deque<TransferPtr> fresh;
     {
@@ -128,7 +135,10 @@ void PeerChannels::progress_loop() {
     }
     try {
       // New transfers restart the back-off: a receive just posted is usually awaited soon.
-      if (!fresh.empty()) round = 0;
+      if (!fresh.empty()) {
+        round = 0;
+        last_news = std::chrono::steady_clock::now();
+      }
       for (TransferPtr& transfer : fresh) {
         active_.push_back(std::move(transfer));
         requests_.push_back(active_.back()->request_);
@@ -142,9 +152,13 @@ void PeerChannels::progress_loop() {
                                   statuses.data());
       if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) raise_mpi_error(rc, "MPI_Testsome", __FILE__, __LINE__);
       if (count == MPI_UNDEFINED || count == 0) {
-        back_off(round++);
-        // By the clock, not by rounds: new transfers restart the rounds.
         const auto now = std::chrono::steady_clock::now();
+        if (now - last_news < kBriskPolling && awaits_receive()) {
+          back_off_briefly(round++);
+        } else {
+          back_off(round++);
+        }
+        // By the clock, not by rounds: new transfers restart the rounds.
         if (now - last_expiry_check >= kExpiryCheckInterval) {
           last_expiry_check = now;
           expire_overdue();
@@ -152,6 +166,7 @@ void PeerChannels::progress_loop() {
         continue;
       }
       round = 0;
+      last_news = std::chrono::steady_clock::now();
       for (int i = 0; i < count; ++i) {
         MPI_Status& status = statuses[i];
         if (rc != MPI_ERR_IN_STATUS) status.MPI_ERROR = MPI_SUCCESS;
@@ -195,6 +210,11 @@ void PeerChannels::progress_loop() {
     }
   }
   fail_all("the peer channels were closed before this transfer completed");
+}
+
+bool PeerChannels::awaits_receive() const {
+  return std::any_of(active_.begin(), active_.end(),
+                     [](const TransferPtr& transfer) { return transfer->kind_ == Transfer::Kind::receive; });
 }
 
 void PeerChannels::post(Transfer& transfer) {
