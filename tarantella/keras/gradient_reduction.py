@@ -69,7 +69,7 @@ def weighted_sum(gradients, variables, share, allreducer_for: Callable, overlap:
             dense = [_weighted(gradient, share) for gradient in dense]
         in_backprop_order = dense[::-1]
         if to_owners is not None:
-            summed = to_owners.reduce_to_owners(in_backprop_order, dense_variables[::-1])
+            summed = to_owners.reduce_to_owners(in_backprop_order, dense_variables[::-1], overlap=overlap)
         else:
             summed = allreducer_for(in_backprop_order)(in_backprop_order, overlap=overlap)
         summed = [tf.cast(g, dtype) if g is not None and g.dtype != dtype else g

@@ -82,8 +82,8 @@ def _log_one_rank_pipeline(arguments: dict) -> None:
 class Model(keras.Model):
     """Wraps `model` for synchronous data-parallel training; behaves like it otherwise.
 
-    overlap_communication=False starts the gradient allreduce only once the
-    whole backprop is done (for measuring what overlap buys).
+    overlap_communication=False starts the gradient allreduce (with shard="gradients": the transfers to the
+    owners) only once the whole backprop is done (for measuring what overlap buys).
     batch_norm="global" (default): BatchNormalization uses the global batch's statistics, as serial Keras;
     "local": each rank's micro-batch statistics (Note [What differs from serial training]).
     shard="optimizer": each rank keeps the optimizer state of its own share of the variables only (ZeRO stage 1,

@@ -51,9 +51,13 @@ class GradientsToOwners:
         self.pairwise = (runtime.settings().allreduce_algorithm == "recursive_doubling"
                          and size & (size - 1) == 0)  # Note above
 
-    def __call__(self, gradients: list, owners: list, tags: list) -> list:
+    def __call__(self, gradients: list, owners: list, tags: list, overlap: bool = True) -> list:
         """Traced: for each gradient, its sum over the ranks if this rank owns its variable, else None (the same
-        call on every rank, with this rank's gradients, already weighted)."""
+        call on every rank, with this rank's gradients, already weighted). overlap=False: no transfer starts
+        before every gradient exists, as the allreduce's no-overlap mode."""
+        if not overlap and gradients:
+            with tf.control_dependencies(gradients):
+                gradients = [tf.identity(gradient) for gradient in gradients]
         summed, tokens = [], []
         for gradient, owner, tag in zip(gradients, owners, tags):
             if owner != self.rank:

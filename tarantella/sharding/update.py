@@ -113,11 +113,12 @@ class ShardedUpdate:
         evidence that training was distributed (Note [Refusing runs that distributed nothing])."""
         return None if self._to_owners is None else int(self._to_owners.sends.variable.numpy())
 
-    def reduce_to_owners(self, gradients: list, variables: list) -> list:
+    def reduce_to_owners(self, gradients: list, variables: list, overlap: bool = True) -> list:
         """Traced, shard="gradients": the sum over the ranks of each of this rank's (weighted) `gradients` of
-        `variables` on its owner, None on the other ranks (Note [Gradients summed on their owners])."""
+        `variables` on its owner, None on the other ranks (Note [Gradients summed on their owners]).
+        overlap=False: nothing is sent before every gradient exists (tnt.Model's overlap_communication)."""
         owners, tags = zip(*[self._owner_and_tag[id(v)] for v in variables]) if variables else ((), ())
-        return self._to_owners(list(gradients), list(owners), list(tags))
+        return self._to_owners(list(gradients), list(owners), list(tags), overlap)
 
     def apply(self, optimizer, gradients, variables, apply=None) -> None:
         """Traced: update this rank's share of `variables` (some or all of those the optimizer was built on) with

@@ -12,9 +12,9 @@ Each rank is one process of the trace ("rank R"); its tracks (threads):
              this rank's own updates written to the last updated weight sent
              or received (Note [Handing the updated weights over]; args: step,
              transfers); with shard="gradients" also `gradients_to_owners`,
-             from the first gradient produced to the last gradient sent to
-             its owner or received by this one (Note [Gradients summed on
-             their owners]; args: step, transfers), and no reducer spans.
+             from the first gradient sent to its owner or received by this
+             one to the last (Note [Gradients summed on their owners]; args:
+             step, transfers), and no reducer spans.
   reducer    the gradient reducer's progress thread: per bucket an instant
              `bucket_ready` when its last gradient was handed over, and a span
              `allreduce` (args: step, bucket, bytes; metrics_only: true for a
@@ -59,8 +59,8 @@ DOCUMENTED = {
     METRIC_ALLREDUCE: "metrics track: a metric-state bucket's allreduce (args: step, bucket, bytes)",
     WEIGHT_HANDOFF: "step track, shard='optimizer': own updates written to the last updated weight sent or "
                     "received (args: step, transfers)",
-    GRADIENTS_TO_OWNERS: "step track, shard='gradients': first gradient produced to the last gradient sent to "
-                         "its owner or received (args: step, transfers)",
+    GRADIENTS_TO_OWNERS: "step track, shard='gradients': the first gradient sent to its owner or received by this "
+                         "one to the last; its overlap with `backward` is the overlap (args: step, transfers)",
     STATISTICS_ALLREDUCE: "statistics track: a blocking allreduce of BatchNormalization's statistics, input to "
                           "sum (args: step, index)",
 }

@@ -38,9 +38,8 @@ def record_step(step: int, begin: float, end: float, marks, allreducers) -> None
     if own and handed:
         recorder.complete(names.WEIGHT_HANDOFF, "step", min(own), max(handed), step=step, transfers=len(handed))
     moved = by_event.get(graph_marks.TO_OWNER, [])
-    if gradients and moved:
-        recorder.complete(names.GRADIENTS_TO_OWNERS, "step", min(gradients), max(moved), step=step,
-                          transfers=len(moved))
+    if moved:
+        recorder.complete(names.GRADIENTS_TO_OWNERS, "step", min(moved), max(moved), step=step, transfers=len(moved))
     # The blocking statistics allreduces run one at a time in one order (blocking_allreduce.py): the k-th
     # input and the k-th sum of the step belong together.
     sent = sorted(by_event.get(graph_marks.STATISTICS_SENT, []))

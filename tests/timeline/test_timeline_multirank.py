@@ -16,7 +16,8 @@ STEPS = 4
 
 @pytest.mark.multirank
 @pytest.mark.timeout(270)
-@pytest.mark.parametrize("mode", ["overlap", "no_overlap", "sharded", "sharded_gradients"])
+@pytest.mark.parametrize("mode", ["overlap", "no_overlap", "sharded", "sharded_gradients",
+                                  "sharded_gradients_no_overlap"])
 def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
     target = tmp_path / "trace.json"
     result = run_ranks(2, PROGRAM, args=[mode], timeout=240, launcher_args=["--timeline", str(target)]).check()
@@ -28,7 +29,8 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
     events = trace["traceEvents"]
     assert {e["pid"] for e in events} == {0, 1}
     thread_names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
-    tracks = ("step", "metrics", "statistics") + (() if mode == "sharded_gradients" else ("reducer",))
+    to_owners_mode = mode.startswith("sharded_gradients")
+    tracks = ("step", "metrics", "statistics") + (() if to_owners_mode else ("reducer",))
     assert {(r, t) for r in (0, 1) for t in tracks} <= thread_names
     for rank in (0, 1):
         mine = [e for e in trace_file.spans(trace) if e["pid"] == rank]
@@ -57,9 +59,11 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
             assert statistics[0]["ts"] + statistics[0]["dur"] <= backward["ts"] + backward["dur"]
             handoffs = [e for e in mine if e["name"] == names.WEIGHT_HANDOFF and e["args"]["step"] == step]
             to_owners = [e for e in mine if e["name"] == names.GRADIENTS_TO_OWNERS and e["args"]["step"] == step]
-            if mode == "sharded_gradients":  # each rank sends what it does not own, receives for what it owns
+            if to_owners_mode:  # each rank sends what it does not own, receives for what it owns
                 assert len(to_owners) == 1 and inside(to_owners[0]) and to_owners[0]["ts"] >= backward["ts"]
                 assert to_owners[0]["args"]["transfers"] == 8, to_owners
+                if mode.endswith("no_overlap"):  # no gradient leaves before the last one exists
+                    assert to_owners[0]["ts"] >= backward["ts"] + backward["dur"], (to_owners, backward)
             else:
                 assert not to_owners
             if mode.startswith("sharded"):  # each rank sends what it owns and receives the rest: one per variable
@@ -68,7 +72,7 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
             else:
                 assert not handoffs
     rows = overlap_from_trace(str(target))
-    if mode == "sharded_gradients":  # no gradient allreduce: nothing overlaps backprop by that measure
+    if to_owners_mode:  # no gradient allreduce: nothing overlaps backprop by that measure
         return
     assert {(row["rank"], row["step"]) for row in rows} == {(r, s) for r in (0, 1) for s in range(STEPS)}
     if mode == "no_overlap":  # no allreduce starts before the last gradient exists
