@@ -218,7 +218,7 @@ class Model(keras.Model):
     def _check_savable(self) -> None:
         if self._own_logic and self._is_sharded():
             raise ValueError(f"tarantella: saving {type(self._model).__name__} (its own training logic) with "
-                             f"shard='optimizer' is not available in this release: each rank holds only its share "
+                             f"shard={self.shard!r} is not available in this release: each rank holds only its share "
                              f"of its optimizers' state; train it unsharded to save it")
 
     def _gathered_optimizer_state(self):

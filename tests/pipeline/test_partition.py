@@ -175,6 +175,19 @@ def test_the_first_stage_fills_its_drain_with_a_weight_pass():
     assert [p for p in kinds if p.kind == WEIGHT] == [(WEIGHT, 2), (WEIGHT, 5), (WEIGHT, 6), (WEIGHT, 7)]
 
 
+def test_one_f_one_b_runs_one_more_forward_ahead_when_weight_gradients_wait_for_the_step():
+    # Only with one weight pass per step (the layer inputs of every micro-batch are held anyway), on every stage
+    # but the last; the backwards keep their order.
+    first = deferred_schedule("1f1b", 8, 2, 0, 8)
+    assert first[:4] == [(FORWARD, 0), (FORWARD, 1), (FORWARD, 2), (BACKWARD, 0)]
+    assert [p for p in first if p.kind != WEIGHT] == one_f_one_b(8, 2, 0, extra_warm_up=1)
+    assert [m for k, m in first if k == BACKWARD] == list(range(8))
+    assert deferred_schedule("1f1b", 8, 2, 1, 8) == with_weight_passes(one_f_one_b(8, 2, 1), 8)
+    assert deferred_schedule("1f1b", 8, 3, 1, 8)[:4] == [(FORWARD, 0), (FORWARD, 1), (FORWARD, 2), (BACKWARD, 0)]
+    assert [p for p in deferred_schedule("1f1b", 8, 2, 0, 3) if p.kind != WEIGHT] == one_f_one_b(8, 2, 0)
+    assert one_f_one_b(2, 2, 0, extra_warm_up=1) == [(FORWARD, 0), (FORWARD, 1), (BACKWARD, 0), (BACKWARD, 1)]
+
+
 def test_the_first_stage_places_its_weight_passes_where_it_would_wait():
     # GPipe's first stage: one weight pass after the first half of its backwards (their gradients keep
     # arriving meanwhile), one after the last; the other stages keep one weight pass per step.
@@ -187,7 +200,8 @@ def test_the_first_stage_places_its_weight_passes_where_it_would_wait():
     assert [p for p in deferred_schedule("gpipe", 8, 2, 0, 2) if p.kind == WEIGHT] == [
         (WEIGHT, 1), (WEIGHT, 3), (WEIGHT, 5), (WEIGHT, 7)]       # already more often than that: as asked
     # 1F1B's first stage fills its drain; one stage alone has nobody to wait for.
-    assert deferred_schedule("1f1b", 8, 2, 0, 8) == with_weight_passes(one_f_one_b(8, 2, 0), 8, fill_drain=True)
+    assert deferred_schedule("1f1b", 8, 2, 0, 8) == with_weight_passes(one_f_one_b(8, 2, 0, extra_warm_up=1), 8,
+                                                                       fill_drain=True)
     assert deferred_schedule("1f1b", 8, 2, 1, 8) == with_weight_passes(one_f_one_b(8, 2, 1), 8)
     assert deferred_schedule("gpipe", 8, 1, 0, 8) == with_weight_passes(gpipe(8, 1, 0), 8)
 
