@@ -67,8 +67,9 @@
 // kBriskPolling (between steps, during evaluation or a checkpoint). Measured on
 // the 2-core machine, 2-stage 1F1B, M = 8, 8 x Dense(512), global batch 128,
 // launcher defaults, A/B runs alternating: 4700-4870 -> 5470-5860 samples/s,
-// 0.60 -> 0.68 of the ideal pipeline speed-up (results/pipeline_defaults). Sends
-// alone do not poll briskly: their completion only ends the step.
+// 0.60 -> 0.68 of the ideal pipeline speed-up (python -m bench.pipeline.defaults
+// --widths 512 --batches 128 --repeats 2). Sends alone do not poll briskly:
+// their completion only ends the step.
 // With more ranks on the node than cores it is the usual back-off
 // (set_oversubscribed): there a polling thread takes a core a rank needs.
 //
