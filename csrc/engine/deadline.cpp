@@ -60,12 +60,9 @@ void back_off(unsigned round) {
 
 void back_off_briefly(unsigned round) {
   const unsigned spin = g_spin_rounds.load(std::memory_order_relaxed);
-  if (spin == 0) {   // oversubscribed (set_oversubscribed)
+  // Oversubscribed (spin == 0: set_oversubscribed), or still spinning: back_off's own step.
+  if (spin == 0 || round < spin) {
     back_off(round);
-  } else if (round < spin) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
   } else {
     sched_yield();
   }
