@@ -197,13 +197,15 @@ class StageStep:
     # --- the schedule -----------------------------------------------------------------
 
     def build(self, passes: list[Pass], data: MicroBatchData, start, last_stage_loss, training: bool,
-              scale_penalty=None):
+              scale_penalty=None, updates=None):
         """Traced: the ops of `passes` (Note [The schedule inside one graph]). `start` is an int32
         scalar argument of the tf.function (a receive must not depend on constants only, or graph
         optimisation could run it). last_stage_loss(m, y_pred_flat, y_m, sample_weight_m, n_m):
         the last stage's scaled loss of micro-batch m (None when not training).
         scale_penalty(m, value): an earlier stage's scaled share of its layers' losses (add_loss,
         regularizers) in micro-batch m; the last stage's are part of its loss (Keras's compute_loss).
+        updates: an UpdatesInWeightPass whose layer updates the last weight pass applies (Note [Updates in
+        the weight pass] in updates_in_weight_pass.py), or None.
 
         Returns (predictions {m: flat y_pred} on the last stage, summed gradients (None where a
         variable got none), send tokens, pass times [passes, 2], the earlier stage's layer losses
@@ -215,6 +217,7 @@ class StageStep:
         variables = self.model.trainable_variables
         gradients = [None] * len(variables)
         deferred = any(p.kind == WEIGHT for p in passes)
+        last_weight_pass = max((i for i, p in enumerate(passes) if p.kind == WEIGHT), default=None)
         self._deferred = DeferredDense(self.model, variables) if deferred else None
         received, live, predictions, tokens, times = {}, {}, {}, [], []
         clock = self._pass_clock()
@@ -245,8 +248,13 @@ class StageStep:
                 sends, done = self._backward(m, live.pop(m), arrived, began, variables, gradients)
                 self.last_upstream_sends = sends
             else:
+                update = None
+                if updates is not None and index == last_weight_pass:
+                    # Note [When the update starts] in pipelined_model.py: after the last sends upstream.
+                    sends_before = list(self.last_upstream_sends)
+                    update = lambda grads, variables: updates.update(grads, variables, sends_before)  # noqa: E731
                 with tf.control_dependencies([began]):
-                    sends, done = [], self._deferred.weight_pass(gradients) or [tf.constant(0)]
+                    sends, done = [], self._deferred.weight_pass(gradients, update) or [tf.constant(0)]
             tokens.extend(sends)
             with tf.control_dependencies(done):
                 times.append(tf.stack([began, clock()]))

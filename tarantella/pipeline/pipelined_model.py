@@ -62,6 +62,7 @@ from tarantella.pipeline.stage_errors import naming_the_stage
 from tarantella.pipeline.step_collectives import StepCollectives
 from tarantella.pipeline.step_logs import StepLogs
 from tarantella.pipeline.topology import place
+from tarantella.pipeline.updates_in_weight_pass import UpdatesInWeightPass, updates_in_weight_pass
 from tarantella.pipeline.weight_gradients import defer_by_default
 from tarantella.pipeline.whole_model import WholeModel
 
@@ -275,12 +276,18 @@ class PipelinedModel(keras.Model):
                 every = self._weight_pass_every(global_size)
                 if every and self.runner.defers_weight_gradients:
                     passes = deferred_schedule(self.schedule_name, self.num_micro_batches,
-                                               self.placement.num_stages, self.placement.stage, every)
+                                               self.placement.num_stages, self.placement.stage, every,
+                                               fill_drain=not self._updates_in_weight_pass())
                 else:
                     passes = make_schedule(self.schedule_name, self.num_micro_batches, self.placement.num_stages,
                                            self.placement.stage)
                 self._schedules[key] = passes
         return self._schedules[key]
+
+    def _updates_in_weight_pass(self) -> bool:
+        """Note [Updates in the weight pass] in updates_in_weight_pass.py."""
+        return updates_in_weight_pass(self.optimizer, self.placement.num_replicas,
+                                      self._collectives.decides_across_stages(self.optimizer, self._global_clipnorm))
 
     def _weight_pass_every(self, global_size: int) -> int | None:
         """Micro-batches per weight pass (Note [Deferred weight gradients] in weight_gradients.py); None:
@@ -324,8 +331,10 @@ class PipelinedModel(keras.Model):
             share = tf.cast(n_m / global_size, loss.dtype)  # Note [Scaling the micro-batch loss]
             return self.optimizer.scale_loss(loss * share)
 
+        across_stages = training and self._collectives.decides_across_stages(self.optimizer, self._global_clipnorm)
+        updates = UpdatesInWeightPass(self.optimizer) if training and self._updates_in_weight_pass() else None
         predictions, gradients, tokens, times, penalty = self.runner.build(
-            self._passes(mode, global_size), data, start, last_stage_loss, training, scale_penalty)
+            self._passes(mode, global_size), data, start, last_stage_loss, training, scale_penalty, updates)
         result = {"times": times}
         variables = self.stage_model.trainable_variables
         if training:
@@ -333,7 +342,7 @@ class PipelinedModel(keras.Model):
             gradients = self._collectives.sum_over_replicas(gradients)
         if mode != "predict":
             tokens += self._collectives.add_layer_losses_of_earlier_stages(penalty, start, self.loss_tracker)
-            if training and self._collectives.decides_across_stages(self.optimizer, self._global_clipnorm):
+            if across_stages:
                 gradients = self._collectives.decide_across_stages(gradients, start, self.optimizer,
                                                                    self._global_clipnorm)
             logs, sent_logs = self._step_logs.in_graph(mode, start, self.metrics)
@@ -343,7 +352,10 @@ class PipelinedModel(keras.Model):
         if training:
             # Note [When the update starts]
             with tf.control_dependencies(self.runner.last_upstream_sends):
-                self.optimizer.apply(gradients, variables)
+                if updates is not None:   # Note [Updates in the weight pass] in updates_in_weight_pass.py
+                    updates.finish(gradients, variables)
+                else:
+                    self.optimizer.apply(gradients, variables)
         if mode == "predict" and predictions:
             outputs = len(next(iter(predictions.values())))
             result["predictions"] = [tf.concat([predictions[m][i] for m in sorted(predictions)], 0)

@@ -136,9 +136,11 @@ def with_weight_passes(passes: list[Pass], every: int, fill_drain: bool = False)
     return result
 
 
-def deferred_schedule(name: str, num_micro_batches: int, num_stages: int, stage: int, every: int) -> list[Pass]:
+def deferred_schedule(name: str, num_micro_batches: int, num_stages: int, stage: int, every: int,
+                      fill_drain: bool = True) -> list[Pass]:
     """A stage's passes with deferred weight gradients: a weight pass after every `every`-th backward and
-    after the last (Note [The first stage's weight passes])."""
+    after the last (Note [The first stage's weight passes]). fill_drain=False: no weight pass before 1F1B's
+    last backward on the first stage (Note [Updates in the weight pass] in updates_in_weight_pass.py)."""
     if name == "1f1b" and every >= num_micro_batches:
         # Note [One more forward ahead when the weight gradients wait for the step's end]
         passes = one_f_one_b(num_micro_batches, num_stages, stage, extra_warm_up=1)
@@ -148,7 +150,7 @@ def deferred_schedule(name: str, num_micro_batches: int, num_stages: int, stage:
         return with_weight_passes(passes, every)
     if name == "gpipe":
         return with_weight_passes(passes, min(every, (num_micro_batches + 1) // 2))
-    return with_weight_passes(passes, every, fill_drain=True)
+    return with_weight_passes(passes, every, fill_drain=fill_drain)
 
 
 def _last_backward(passes: list[Pass]) -> int:

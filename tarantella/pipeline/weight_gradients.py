@@ -88,6 +88,7 @@ class DeferredDense:
 
     def __init__(self, model: keras.Model, variables: list):
         self.layers = deferrable_layers(model)
+        self._variables = list(variables)
         index = {id(v): i for i, v in enumerate(variables)}
         # Per layer: the positions of its kernel and bias in `variables` (None for no bias).
         self._slots = [(index[id(layer._kernel)], index[id(layer.bias)] if layer.bias is not None else None)
@@ -131,22 +132,30 @@ class DeferredDense:
         happens to run them (then the tape's activations would be held until the weight pass)."""
         return [dz for pending, start in zip(self._pending, mark) for _, dz in pending[start:]]
 
-    def weight_pass(self, gradients: list) -> list:
+    def weight_pass(self, gradients: list, update=None) -> list:
         """Traced: the weight gradients of the micro-batches recorded since the last weight pass, added into
-        `gradients` (a list by variable position, None where none yet); returns the new tensors."""
-        done = []
+        `gradients` (a list by variable position, None where none yet); returns the new tensors.
+        update(gradients, variables): the step's last weight pass updates each layer's variables as their
+        gradients are final, and the next layer's product waits for it (Note [Updates in the weight pass] in
+        updates_in_weight_pass.py); it returns what to wait for."""
+        done, updated = [], []
         for (kernel, bias), pending in zip(self._slots, self._pending):
             if not pending:
                 continue
-            x = tf.concat([p[0] for p in pending], 0) if len(pending) > 1 else pending[0][0]
-            dz = tf.concat([p[1] for p in pending], 0) if len(pending) > 1 else pending[0][1]
+            with tf.control_dependencies(updated):
+                x = tf.concat([p[0] for p in pending], 0) if len(pending) > 1 else pending[0][0]
+                dz = tf.concat([p[1] for p in pending], 0) if len(pending) > 1 else pending[0][1]
+                parts = [(kernel, tf.matmul(x, dz, transpose_a=True))]
+                if bias is not None:
+                    parts.append((bias, tf.reduce_sum(dz, 0)))
             pending.clear()
-            parts = [(kernel, tf.matmul(x, dz, transpose_a=True))]
-            if bias is not None:
-                parts.append((bias, tf.reduce_sum(dz, 0)))
             for slot, grad in parts:
                 gradients[slot] = grad if gradients[slot] is None else gradients[slot] + grad
                 done.append(gradients[slot])
+            if update is not None:
+                slots = [slot for slot, _ in parts]
+                updated = update([gradients[s] for s in slots], [self._variables[s] for s in slots])
+                done += updated
         return done
 
 

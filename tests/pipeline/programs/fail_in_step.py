@@ -126,9 +126,9 @@ if failing:
     elif args.point == "weight_pass":
         weight_pass = weight_gradients.DeferredDense.weight_pass
 
-        def checked_weight_pass(self, gradients):
+        def checked_weight_pass(self, gradients, update=None):
             with tf.control_dependencies([failing_check()]):
-                return weight_pass(self, gradients)
+                return weight_pass(self, gradients, update)
         weight_gradients.DeferredDense.weight_pass = checked_weight_pass
     elif args.point == "pass_clock":
         clock_reads = [0]
