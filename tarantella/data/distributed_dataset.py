@@ -7,8 +7,8 @@ micro-batch's first sample in the epoch. The step functions use the global
 size to weight this rank's loss (Note [Loss of the global batch]) and
 `predict` uses the position to put results back in input order.
 
-Arrays are never copied per step: `from_arrays` captures them once and
-gathers each step's micro-batch by index. All ranks must see the same
+Arrays are never copied whole: `from_arrays` gathers each step's
+micro-batch from the user's arrays by index. All ranks must see the same
 sequence of global batches (Note [Same order on every rank] in order_check.py).
 """
 from __future__ import annotations
@@ -89,13 +89,24 @@ def from_arrays(arrays, batch_size: int, shuffle, seed: int, size: int, rank: in
                 keras_order: bool = False) -> tf.data.Dataset:
     """`arrays`: a structure (tuple/dict) of arrays with equal first dimensions, cut into global batches of
     `batch_size`, in the same order on every rank when `shuffle`: serial Keras's with `keras_order`, else
-    reshuffled every epoch with `seed` (Note [Serial Keras's shuffle order])."""
-    tensors = tf.nest.map_structure(tf.convert_to_tensor, arrays)
-    num_samples = int(tf.nest.flatten(tensors)[0].shape[0])
+    reshuffled every epoch with `seed` (Note [Serial Keras's shuffle order]).
+
+    The arrays stay the user's: each micro-batch's rows are gathered from them by numpy (one Python call per
+    micro-batch), not from a TensorFlow copy of the whole input, which would double a rank's input memory."""
+    arrays = tf.nest.map_structure(np.asarray, arrays)
+    leaves = tf.nest.flatten(arrays)
+    num_samples = int(leaves[0].shape[0])
+    dtypes = [tf.as_dtype(leaf.dtype) for leaf in leaves]
+
+    def rows(part):
+        return [np.ascontiguousarray(leaf[part]) for leaf in leaves]
 
     def gather_part(batch_number, batch_positions):
         part, total, start = _slice_for_rank(batch_positions, size, rank)
-        data = tf.nest.map_structure(lambda tensor: tf.gather(tensor, part), tensors)
+        gathered = tf.numpy_function(rows, [part], dtypes, stateful=False)
+        for tensor, leaf in zip(gathered, leaves):
+            tensor.set_shape(part.shape[:1] + leaf.shape[1:])
+        data = tf.nest.pack_sequence_as(arrays, gathered)
         return {DATA: data, GLOBAL_SIZE: total, FIRST_INDEX: batch_number * batch_size + start}
 
     positions = serial_order.index_batches(num_samples, batch_size, shuffle, seed, keras_order)

@@ -62,6 +62,11 @@ def replica_batches(x, y=None, sample_weight=None, *, batch_size=None, shuffle=F
         if x is None:
             raise TypeError("tarantella: no input data given")
         x, y, sample_weight = (None if part is None else user_input.as_arrays(part) for part in (x, y, sample_weight))
+        # A stage converts and gathers only the parts it uses: the others become columns of nothing (the same
+        # rows, so the same batches in the same order), which keep_stage_parts drops. Otherwise every later
+        # stage would hold a copy of the whole input x that only the first stage reads.
+        x = x if first_stage else _rows_only(x)
+        y, sample_weight = (part if last_stage or part is None else _rows_only(part) for part in (y, sample_weight))
         stream = user_input.distribute(x, y, sample_weight, shuffle=shuffle, seed=seed, keras_order=keras_order,
                                        what=what,
                                        batch_size=DEFAULT_BATCH_SIZE if batch_size is None else int(batch_size),
@@ -75,6 +80,11 @@ def replica_batches(x, y=None, sample_weight=None, *, batch_size=None, shuffle=F
         return {**element, distributed_dataset.DATA: tuple(parts) if isinstance(data, tuple) else parts[0]}
 
     return stream.map(keep_stage_parts)
+
+
+def _rows_only(tree):
+    """Arrays of the same numbers of rows as `tree`'s, holding nothing."""
+    return keras.tree.map_structure(lambda array: np.empty((len(array), 0), np.float32), tree)
 
 
 def split_for_validation(x, y, sample_weight, validation_split: float):
