@@ -13,7 +13,7 @@ configurations alternate within each repeat (A/B/C, A/B/C, ...), so drift in the
 all alike; rows are medians over the repeats.
 
 Reported per row: steady-state samples/s and its fraction of the ideal S M / (M + S - 1) x serial, and the
-peak resident memory growth of the largest rank from before the model is built (getrusage's ru_maxrss),
+peak resident memory growth of the largest rank from before the model is built (VmHWM, its mark reset then),
 and its ratio to serial's.
 """
 from __future__ import annotations

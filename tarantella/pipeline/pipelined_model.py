@@ -30,7 +30,9 @@ the variants built by hand for the comparison): the first stage's peak
 growth 400-422 -> 367-379 MiB; without the kept wait, the last stage's too
 (409-424 -> 374-375 MiB), but 8 x Dense(512) at batch 128 then trained 10-16 %
 slower (3 pairs: 4389/3906, 4352/3931, 3660/3064 samples/s): the updates
-compete with the backward that the stage before waits for.
+compete with the backward that the stage before waits for. With deferred
+weight gradients the updates can also run layer by layer inside the last
+weight pass (Note [Updates in the weight pass] in updates_in_weight_pass.py).
 
 Only public Keras extension points: a keras.Model subclass overriding
 train/test/predict_step, get_metrics_result, fit/evaluate/predict (to build

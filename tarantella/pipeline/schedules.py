@@ -31,7 +31,10 @@ where it waits for the next stage's gradients (`deferred_schedule`):
   forward and backward). A weight pass of the earlier micro-batches runs right
   before it (`with_weight_passes(fill_drain=True)`). Measured (2 pinned stages,
   8 x Dense(512), batch 1024, M = 8, A/B alternating): bubble 0.125/0.126 ->
-  0.104/0.104, step 37.4-38.3 -> 36.3 ms.
+  0.104/0.104, step 37.4-38.3 -> 36.3 ms. Not where the stage's updates
+  run layer by layer in its last weight pass (Note [Updates in the weight
+  pass] in updates_in_weight_pass.py): the earlier pass would hold every
+  weight gradient of the stage over the wait.
 - GPipe: its first backward waits for the last stage's last forward and first
   backward (nothing deferred exists yet then), and each later one for the
   next stage's backward, which is longer (the first stage computes no input
