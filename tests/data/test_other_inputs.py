@@ -113,3 +113,18 @@ def test_arrays_are_read_in_place_not_copied_whole():
     grown = _resident_mib() - before
     assert grown < 64, f"reading one batch made the process {grown:.0f} MiB larger"
     np.testing.assert_array_equal(first[dd.DATA].numpy(), np.ones((32, 16384), np.float32))
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["read-in-place", "copied"])
+def test_arrays_give_the_same_micro_batches_read_in_place_or_copied(in_place, monkeypatch):
+    monkeypatch.setattr(dd, "READ_IN_PLACE_FROM", 0 if in_place else 1 << 62)
+    x = {"a": X, "b": X[:, :1].astype(np.float64)}
+    weights = np.linspace(0, 1, 30)
+    for rank in range(3):
+        stream = list(user_input.distribute(x, Y, weights, batch_size=9, shuffle=True, seed=3, size=3, rank=rank))
+        order = np.concatenate([e[dd.DATA][1].numpy() for e in stream])   # Y is each sample's index
+        first = stream[0][dd.DATA]
+        assert first[0]["a"].shape == (3, 2) and first[0]["b"].dtype == tf.float64 and first[2].dtype == tf.float64
+        np.testing.assert_array_equal(np.concatenate([e[dd.DATA][0]["a"].numpy() for e in stream]), X[order])
+        np.testing.assert_array_equal(np.concatenate([e[dd.DATA][2].numpy() for e in stream]), weights[order])
+        assert [int(e[dd.GLOBAL_SIZE]) for e in stream] == [9, 9, 9, 3]
