@@ -19,7 +19,7 @@ import socket
 import sys
 import threading
 
-__all__ = ["parse_size", "peak_resident_bytes", "start", "MIB"]
+__all__ = ["parse_size", "peak_resident_bytes", "resident_bytes", "start", "MIB"]
 
 MIB = 1024 * 1024
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": MIB, "mb": MIB, "mib": MIB,
@@ -40,11 +40,20 @@ def parse_size(text: str) -> int:
 
 def peak_resident_bytes() -> int:
     """The process's peak resident set so far (VmHWM)."""
+    return _status_bytes("VmHWM")
+
+
+def resident_bytes() -> int:
+    """The process's resident set now (VmRSS)."""
+    return _status_bytes("VmRSS")
+
+
+def _status_bytes(field: str) -> int:
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("tarantella: /proc/self/status has no VmHWM; the memory budget needs Linux")
+    raise RuntimeError(f"tarantella: /proc/self/status has no {field}; the memory budget needs Linux")
 
 
 def start(budget_bytes: int, rank: int, end_job) -> None:

@@ -62,6 +62,7 @@ if "--launcher-threads" not in sys.argv:
 import keras  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
+from tarantella import memory_budget  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--mode", choices=["pipeline", "data", "serial"], required=True)
@@ -88,11 +89,6 @@ args = parser.parse_args()
 MIB = 1024.0 * 1024.0
 
 
-def _status_mib(field: str) -> float:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith(field + ":")) / 1024.0
-
-
 def start_peak_rss() -> float:
     """This process's resident memory now (MiB), from which its peak is measured: the kernel's peak mark is
     reset to it (Linux's /proc/self/clear_refs "5"), so that an earlier, higher peak (making the data: a
@@ -100,14 +96,14 @@ def start_peak_rss() -> float:
     try:
         with open("/proc/self/clear_refs", "w") as clear_refs:
             clear_refs.write("5")
-        return _status_mib("VmRSS")
+        return memory_budget.resident_bytes() / MIB
     except OSError:   # no such control: the peak so far is the base (what the model adds below it is not seen)
         return peak_rss_mib()
 
 
 def peak_rss_mib() -> float:
     try:
-        return _status_mib("VmHWM")
+        return memory_budget.peak_resident_bytes() / MIB
     except OSError:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 

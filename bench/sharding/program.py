@@ -34,6 +34,7 @@ import tensorflow as tf  # noqa: F401  (before keras, as in user scripts)
 import keras
 
 import tarantella as tnt
+from tarantella import memory_budget
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--shard", default="off")
@@ -47,11 +48,7 @@ MIB = 1024.0 * 1024.0
 
 
 def resident_mib() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    return memory_budget.resident_bytes() / MIB
 
 
 class StepTimes(keras.callbacks.Callback):

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tarantella import memory_budget
 from tarantella.data import distributed_dataset as dd, python_input, user_input
 from tarantella.pipeline import data as pipeline_data
 
@@ -98,19 +99,14 @@ def test_a_pipeline_stage_gets_its_replicas_part_and_only_what_it_uses(kind):
             np.testing.assert_array_equal(y, Y[b * 10:(b + 1) * 10] if last else np.zeros([0]))
 
 
-def _resident_mib() -> float:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
-
-
 def test_arrays_are_read_in_place_not_copied_whole():
     """A rank's input holds the user's arrays and one batch's rows, not a TensorFlow copy of the whole input
     (256 MiB here: a copy would show as that much more resident memory)."""
     x = np.ones((4096, 16384), np.float32)
-    before = _resident_mib()
+    before = memory_budget.resident_bytes() / memory_budget.MIB
     stream = user_input.distribute(x, batch_size=64, shuffle=True, size=2, rank=1)
     first = next(iter(stream))
-    grown = _resident_mib() - before
+    grown = memory_budget.resident_bytes() / memory_budget.MIB - before
     assert grown < 64, f"reading one batch made the process {grown:.0f} MiB larger"
     np.testing.assert_array_equal(first[dd.DATA].numpy(), np.ones((32, 16384), np.float32))
 
