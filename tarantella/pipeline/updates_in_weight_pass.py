@@ -28,9 +28,12 @@ The first stage then takes no weight pass before its last backward (Note
 [The first stage's weight passes] in schedules.py): that pass would make
 every weight gradient of the stage before the last micro-batch's and hold
 them over the wait. Measured (8 x Dense(2048), Adam, 2 stages, M = 8, batch
-128, `tarantella -n 2`; `python -m bench.pipeline.defaults`, one repeat): the
-largest rank's peak growth 419 -> 339 MiB; 8 x Dense(512) at batch 128, 3
-A/B pairs: medians 7107 and 7067 samples/s (no cost within the noise).
+128, `tarantella -n 2`; `python -m bench.pipeline.defaults --widths 2048
+--batches 128 --repeats 1` at the commits before and with this, under that
+benchmark's earlier peak measure): the largest rank's peak growth 419 -> 339
+MiB. Speed: `python -m bench.pipeline.defaults --repeats 3` before and after
+(results/pipeline_defaults) differ within the day's noise (8 x Dense(512),
+batch 128: 0.66 and 0.65 of the ideal speed-up).
 """
 from __future__ import annotations
 
