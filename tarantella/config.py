@@ -131,7 +131,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("shard", "TNT_SHARD", "--shard", "", _parse_shard, "",
             "shard the training state of data-parallel models over the ranks (ZeRO): optimizer (stage 1: "
             "each rank keeps the optimizer state of its own variables), gradients (stage 2: and receives only their "
-            "summed gradients); empty or off: every rank keeps all of it "
+            "summed gradients), weights (stage 3: and only its own weights, gathered layer by layer for each "
+            "pass); empty or off: every rank keeps all of it "
             "(tnt.Model's shard= argument overrides it; Note [A sharded update] in tarantella/sharding/update.py)"),
     Setting("timeline", "TNT_TIMELINE", "--timeline", "", _parse_timeline_path, "",
             "write a Chrome/Perfetto trace of the training (steps, backward pass, per-bucket allreduce, "

@@ -52,7 +52,8 @@ from tarantella.keras import batch_position, empty_micro_batch, global_batch_nor
 from tarantella.keras.blocking_allreduce import BlockingAllreduce
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras.parallel_strategy import ParallelStrategy
-from tarantella.sharding import checkpoint as sharding_checkpoint
+from tarantella.pipeline import stage_state
+from tarantella.sharding import checkpoint as sharding_checkpoint, gathered_weights
 from tarantella import timeline
 from tarantella.timeline import step_events
 
@@ -148,8 +149,12 @@ class Model(keras.Model):
         self._metrics_local = False
         # Note [A model's own training logic]
         self._own_logic = user_steps.overridden(model)
-        # Data parallelism holds every weight (Note [Models built without storage] in deferred_build.py).
-        deferred_build.initialize_all(model)
+        self._gathering = None   # shard="weights": Note [Weights gathered layer by layer]
+        if shard == "weights" and self.world_size > 1:
+            self._gathering = self._shard_weights(model)
+        else:
+            # Data parallelism holds every weight (Note [Models built without storage] in deferred_build.py).
+            deferred_build.initialize_all(model)
         if model.built or self._own_logic:  # a GAN need not be callable: its parts are built
             self.built = True
         if model.built:
@@ -192,10 +197,19 @@ class Model(keras.Model):
         return self._model.summary(*args, **kwargs)
 
     def get_weights(self):
+        """The wrapped model's weights; with shard="weights" a collective (each weight comes from its owner)."""
+        if self._gathering is not None:
+            return self._gathering.whole_weights(self._model.weights)
         return self._model.get_weights()
 
     def set_weights(self, weights):
-        self._model.set_weights(weights)
+        """With shard="weights" each rank keeps the values of the weights it owns."""
+        if self._gathering is None:
+            self._model.set_weights(weights)
+            return
+        for variable, value in zip(self._model.weights, weights):
+            if not stage_state.is_released(variable):
+                variable.assign(value)
 
     def to_json(self, **kwargs):
         return self._model.to_json(**kwargs)
@@ -207,7 +221,7 @@ class Model(keras.Model):
         state and writes the file alone. Load it with keras.saving.load_model or tnt.models.load_model."""
         self._check_savable()
         if self._sharded_update is not None:  # Note [Saving and restoring sharded optimizer state]
-            with self._gathered_optimizer_state() as writes:
+            with self._whole_weights_on_master(), self._gathered_optimizer_state() as writes:
                 if writes:
                     self._write(filepath, overwrite, **kwargs)
             return
@@ -220,6 +234,19 @@ class Model(keras.Model):
             raise ValueError(f"tarantella: saving {type(self._model).__name__} (its own training logic) with "
                              f"shard={self.shard!r} is not available in this release: each rank holds only its share "
                              f"of its optimizers' state; train it unsharded to save it")
+
+    def _whole_weights_on_master(self):
+        """shard="weights": the master holds every weight while it writes them (a collective)."""
+        if self._gathering is None:
+            return contextlib.nullcontext()
+        return self._gathering.whole_on(runtime.get_master_rank())
+
+    def _shard_weights(self, model):
+        if self._own_logic:
+            raise ValueError(f"tarantella: shard='weights' with {type(model).__name__}'s own training logic is not "
+                             f"available in this release; use shard='gradients'")
+        self._weights_synchronized = True   # every rank takes its own weights from the master's (below)
+        return gathered_weights.shard_weights(model, runtime.get_rank(), self.world_size)
 
     def _gathered_optimizer_state(self):
         return sharding_checkpoint.gathered_on_master(self.optimizer, self._sharded_update.owned,
@@ -241,7 +268,7 @@ class Model(keras.Model):
         collective, the master writes alone."""
         self._check_savable()
         if self._sharded_update is not None:
-            with self._gathered_optimizer_state() as writes:
+            with self._whole_weights_on_master(), self._gathered_optimizer_state() as writes:
                 if writes:
                     self._model.save_weights(filepath, overwrite=overwrite, **kwargs)
             return
@@ -322,7 +349,7 @@ class Model(keras.Model):
                             metrics=metrics, jit_compile=False, **kwargs)
         if sharded:
             # built on this rank's share before the first step (_prepare)
-            sharding.shard_optimizer(self.optimizer, mode=self.shard)
+            sharding.shard_model_optimizer(self.optimizer, mode=self.shard)
         self._close_allreducers()
 
     def _is_sharded(self) -> bool:
@@ -358,6 +385,9 @@ class Model(keras.Model):
         if self._own_logic:
             return user_steps.train_step(self, data)
         virtual_batches = exact_train_step.virtual_batches_from_environment()
+        if virtual_batches and self._gathering is not None:
+            raise ValueError("tarantella: tnt-repro's exact mode does not run shard='weights' (it reduces whole "
+                             "gradients by virtual batches); check the script with shard='gradients'")
         if virtual_batches:  # tnt-repro's exact mode (Note [Exact mode] in tarantella/_repro/exact_reduction.py)
             return exact_train_step.train_step(self, data, virtual_batches)
         return tf_steps.train_step(self, data)
@@ -394,6 +424,9 @@ class Model(keras.Model):
             self._metric_state_count = len(metric_state)
             return self._gradient_allreducer
 
+        if self._gathering is not None:  # summed on the owners in backprop (Note [Weights gathered layer by layer])
+            summed_state = self._allreducer_for(metric_state, "metrics")(metric_state) if metric_state else []
+            return gradients, summed_state
         riding = metric_reduction.RidingAllreducer(allreducer_for, metric_state)
         to_owners = sharding.reduction_to_owners(self.optimizer, variables)  # ZeRO stage 2, else None
         reduced = gradient_reduction.weighted_sum(gradients, variables, None, riding, self.overlap_communication,

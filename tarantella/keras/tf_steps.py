@@ -68,7 +68,8 @@ def _train_step(model, batch, global_size, local_size, may_be_empty):
             loss * (tf.cast(local_size, loss.dtype) / tf.cast(global_size, loss.dtype))
         scaled = graph_marks.mark(model.optimizer.scale_loss(weighted), graph_marks.LOSS)  # timeline only
     variables = model.trainable_variables
-    gradients = tape.gradient(scaled, variables)
+    gathering = getattr(model, "_gathering", None)   # shard="weights": the owned variables' only
+    gradients = tape.gradient(scaled, variables) if gathering is None else gathering.gradients(tape, scaled, variables)
     # The metrics are updated before the update of the weights (they need y_pred only), so that
     # their state rides with the gradients (Note [Metric state rides with the gradients]).
     model.loss_tracker.update_state(loss, sample_weight=local_size)

@@ -56,7 +56,8 @@ from tarantella.sharding.handoff import WeightHandoff
 from tarantella.sharding.owners import assign_owners, describe, variable_bytes
 from tarantella.timeline import graph_marks
 
-__all__ = ["MODES", "resolve_mode", "ShardedUpdate", "shard_optimizer", "sharding_of", "reduction_to_owners"]
+__all__ = ["MODES", "resolve_mode", "ShardedUpdate", "shard_optimizer", "shard_model_optimizer", "sharding_of",
+           "reduction_to_owners"]
 
 logger = logging.getLogger("tarantella")
 
@@ -74,10 +75,6 @@ def resolve_mode(shard) -> str | None:
         raise ValueError(f"tarantella: shard={shard!r} is not a sharding mode; use one of "
                          f"{', '.join(map(repr, MODES))} "
                          f"(ZeRO stages 1-3) or None")
-    if shard == "weights":
-        raise ValueError(f"tarantella: shard={shard!r} (ZeRO stage 3) is not available in this release; "
-                         f"shard='optimizer' (stage 1: optimizer state sharded) and 'gradients' (stage 2: also the "
-                         f"summed gradients) are")
     return shard
 
 
@@ -101,12 +98,13 @@ class ShardedUpdate:
         inner.global_clipnorm = None
         (build or optimizer.build)(self.owned)
         _finalize_owned_only(optimizer, self)
-        self.handoff = WeightHandoff(rank, size, channels.open_channels())
+        self.mode = mode
+        # shard="weights": the owners keep their weights, which the others gather per layer (gathered_weights.py)
+        self.handoff = None if mode == "weights" else WeightHandoff(rank, size, channels.open_channels())
         self._to_owners = GradientsToOwners(rank, size, channels.open_channels()) if mode == "gradients" else None
-        # The whole-model figures of stage 2 (Note [A sharded update]); made now, collectively.
-        self._figures_allreduce = (BlockingAllreduce() if self._to_owners and (self.global_clipnorm or
-                                                                                hasattr(optimizer, "inner_optimizer"))
-                                   else None)
+        # The whole-model figures of stages 2 and 3 (Note [A sharded update]); made now, collectively.
+        self._figures_allreduce = (BlockingAllreduce() if mode != "optimizer" and (
+            self.global_clipnorm or hasattr(optimizer, "inner_optimizer")) else None)
 
     def gradient_sends(self) -> int | None:
         """Gradients this rank has sent to their owners so far (shard="gradients"; None otherwise): tnt-repro's
@@ -137,6 +135,8 @@ class ShardedUpdate:
                              f"apply the optimizer to more variables at once, or do not shard it")
         gradients = self._whole_model_decisions(optimizer, list(gradients), [i in mine for i in range(len(owners))])
         (apply or optimizer.apply)([gradients[i] for i in mine], [variables[i] for i in mine])
+        if self.handoff is None:   # shard="weights": nobody else holds them
+            return
         # The receives are posted once this rank's own updates are written (Note [Handing the updated weights over]).
         with tf.control_dependencies([tf.convert_to_tensor(variables[i]) for i in mine]):
             done = graph_marks.mark(tf.identity(tf.convert_to_tensor(optimizer.iterations)),
@@ -187,6 +187,14 @@ def shard_optimizer(optimizer, variables=None, mode: str = "optimizer"):
     already summed over the ranks (tnt.reduce_gradients in a custom loop; tnt.Model's steps), updates this rank's
     share and hands the new values to every rank (Note [A sharded update]). With `variables` it is built at once
     (a collective: every rank, same variables, same order); otherwise when Keras builds it, on every rank alike."""
+    if mode == "weights":
+        raise ValueError("tarantella: shard='weights' (ZeRO stage 3) gathers each layer's weights inside the model's "
+                         "calls, which a custom loop's model does not do; use tnt.Model(model, shard='weights'), or "
+                         "mode='gradients' here")
+    return _shard(optimizer, variables, mode)
+
+
+def _shard(optimizer, variables, mode: str):
     if sharding_of(optimizer) is not None or getattr(optimizer, "_tnt_shards", False):
         return optimizer
     local_build, local_apply = optimizer.build, optimizer.apply
@@ -214,6 +222,11 @@ def shard_optimizer(optimizer, variables=None, mode: str = "optimizer"):
     if variables is not None:
         build(list(variables))
     return optimizer
+
+
+def shard_model_optimizer(optimizer, mode: str):
+    """tnt.Model's sharding of its optimizer, in any mode (shard="weights" included: the model gathers)."""
+    return _shard(optimizer, None, mode)
 
 
 def sharding_of(optimizer) -> ShardedUpdate | None:
@@ -287,7 +300,7 @@ def _finalize_owned_only(optimizer, update: ShardedUpdate) -> None:
 
     def finalize_variable_values(var_list):
         finalize(update.owned)
-        if unscaled_optimizer(optimizer).use_ema and len(set(update.owners)) > 1:
+        if unscaled_optimizer(optimizer).use_ema and len(set(update.owners)) > 1 and update.handoff is not None:
             for variable, owner in zip(update.variables, update.owners):
                 buffer = (np.array(variable.numpy(), copy=True) if owner == update.rank
                           else np.empty(tuple(variable.shape), variable.dtype))

@@ -25,7 +25,9 @@ STATISTICS_SUMMED = "statistics_summed"  # its sum exists
 OWN_UPDATES = "own_updates"   # shard="optimizer": this rank's own updates are written
 HANDED_OVER = "handed_over"   # shard="optimizer": an updated weight left for, or arrived from, its owner
 TO_OWNER = "to_owner"         # shard="gradients": a gradient left for its owner, or arrived at this owner
-_EVENTS = (LOSS, GRADIENT, REDUCED, UPDATED, STATISTICS_SENT, STATISTICS_SUMMED, OWN_UPDATES, HANDED_OVER, TO_OWNER)
+GATHERED = "gathered"         # shard="weights": a layer's weight left its owner, or arrived for a pass
+_EVENTS = (LOSS, GRADIENT, REDUCED, UPDATED, STATISTICS_SENT, STATISTICS_SUMMED, OWN_UPDATES, HANDED_OVER, TO_OWNER,
+           GATHERED)
 
 
 @functools.lru_cache(maxsize=None)

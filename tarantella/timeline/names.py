@@ -35,7 +35,8 @@ A program computes the overlap from these names alone
 from __future__ import annotations
 
 __all__ = ["TRACKS", "DOCUMENTED", "track_id", "STEP", "BACKWARD", "OPTIMIZER", "ALLREDUCE", "BUCKET_READY",
-           "METRIC_ALLREDUCE", "STATISTICS_ALLREDUCE", "WEIGHT_HANDOFF", "GRADIENTS_TO_OWNERS"]
+           "METRIC_ALLREDUCE", "STATISTICS_ALLREDUCE", "WEIGHT_HANDOFF", "GRADIENTS_TO_OWNERS",
+           "WEIGHT_GATHERS"]
 
 TRACKS = ("step", "reducer", "metrics", "pipeline", "python", "statistics")
 
@@ -48,6 +49,7 @@ METRIC_ALLREDUCE = "metric_allreduce"
 STATISTICS_ALLREDUCE = "statistics_allreduce"
 WEIGHT_HANDOFF = "weight_handoff"
 GRADIENTS_TO_OWNERS = "gradients_to_owners"
+WEIGHT_GATHERS = "weight_gathers"
 
 DOCUMENTED = {
     STEP: "step track: one fit step (args: step)",
@@ -61,6 +63,8 @@ DOCUMENTED = {
                     "received (args: step, transfers)",
     GRADIENTS_TO_OWNERS: "step track, shard='gradients': the first gradient sent to its owner or received by this "
                          "one to the last; its overlap with `backward` is the overlap (args: step, transfers)",
+    WEIGHT_GATHERS: "step track, shard='weights': the first layer weight sent or received for a forward or "
+                    "backward pass to the last (args: step, transfers)",
     STATISTICS_ALLREDUCE: "statistics track: a blocking allreduce of BatchNormalization's statistics, input to "
                           "sum (args: step, index)",
 }

@@ -40,6 +40,10 @@ def record_step(step: int, begin: float, end: float, marks, allreducers) -> None
     moved = by_event.get(graph_marks.TO_OWNER, [])
     if moved:
         recorder.complete(names.GRADIENTS_TO_OWNERS, "step", min(moved), max(moved), step=step, transfers=len(moved))
+    gathered = by_event.get(graph_marks.GATHERED, [])
+    if gathered:
+        recorder.complete(names.WEIGHT_GATHERS, "step", min(gathered), max(gathered), step=step,
+                          transfers=len(gathered))
     # The blocking statistics allreduces run one at a time in one order (blocking_allreduce.py): the k-th
     # input and the k-th sum of the step belong together.
     sent = sorted(by_event.get(graph_marks.STATISTICS_SENT, []))

@@ -34,8 +34,10 @@ def test_the_shard_setting_is_one_table_entry_and_bad_values_name_the_fix(monkey
         update.resolve_mode("zero1")
     assert update.resolve_mode("Gradients".lower()) == "gradients"
     assert config.load_config({"TNT_SHARD": "gradients"}).shard == "gradients"
-    with pytest.raises(ValueError, match="shard='weights' \\(ZeRO stage 3\\) is not available"):
-        update.resolve_mode("weights")
+    assert update.resolve_mode("weights") == "weights"
+    assert config.load_config({"TNT_SHARD": "weights"}).shard == "weights"
+    with pytest.raises(ValueError, match="custom loop"):
+        update.shard_optimizer(object(), mode="weights")
     monkeypatch.setenv("TNT_SHARD", "optimizer")
     from tarantella import runtime
     monkeypatch.setattr(runtime, "settings", lambda: config.load_config())

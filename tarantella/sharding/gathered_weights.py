@@ -1,0 +1,329 @@
+"""ZeRO stage 3 (shard="weights"): each rank keeps its own variables only; a layer's weights are gathered
+for its forward pass, gathered again for its backward pass, and freed after each.
+
+Note [Weights gathered layer by layer]
+Each trainable variable belongs, whole, to one rank (Note [Whole variables to
+owners, balanced by bytes] in owners.py); the other ranks release it
+(Note [Releasing a variable] in tarantella/pipeline/stage_state.py), or never
+give it storage when the model was built in tnt.deferred_weights(). The
+model's units (its top-level layers, and the layers of nested Functional and
+Sequential models) each run their `call` as one differentiable function of
+their inputs and of the values of the variables this rank owns
+(tf.custom_gradient):
+- forward: the owners send the unit's weights, the others receive them (the
+  engine's point-to-point channels, as the hand-over of stage 1), and the
+  layer's own `call` runs inside a Keras StatelessScope that maps each
+  variable to its gathered value (the mechanism Keras gives JAX's stateless
+  calls). Nothing else holds the gathered values, so TensorFlow frees them
+  once the layer's operations have read them;
+- backward: the unit's weights are gathered again, its forward is run again
+  on the same inputs under a GradientTape, and the tape gives the gradients
+  of the inputs and of every weight. Each weight's gradient goes to its owner,
+  which adds the ranks' gradients in the order of the allreduce it replaces
+  (Note [Gradients summed on their owners] in gradients_to_owners.py), so the
+  owner's variable receives the sum over the ranks, as stage 2's does.
+Recomputing costs one more forward pass of the model per step: TensorFlow
+keeps the tensors a gradient needs inside the recorded operation that made
+them, so a weight read by the forward pass would otherwise stay alive until
+its backward pass, and the whole model would be held at the end of the
+forward pass. The recomputed pass gives the bits of the first (the same
+operations on the same inputs), so the gradients are those of unsharded
+training.
+The unit's other state (BatchNormalization's moving statistics, the seed
+states of random layers) is not sharded: it is read once before the forward
+pass, both passes read that value (so a random layer draws the same mask
+twice), and the forward pass's updates of it are written after it (the
+recomputed pass's are dropped). Losses a layer adds in `call` are outputs of
+the function too, so their gradients flow.
+A unit's weights are gathered when the previous unit's inputs exist (one
+unit ahead: its transfer overlaps the previous unit's compute), and, in the
+backward pass, when the gradient of the unit's outputs exists; at most two
+units' gathered weights exist at a time, beside the weights this rank owns.
+Note [Every rank runs every unit's backward pass]
+A GradientTape runs a recorded operation's gradient only on the way from the
+target to a source it was asked about, and a rank's sources are the weights
+it owns: a rank owning none of the first layers' weights would skip their
+backward passes, in which their owners wait for its gradients. Every unit
+therefore also reads one scalar variable, the anchor, that the tape is asked
+about on every rank (its gradient, zero, is dropped): every rank runs every
+unit's backward pass.
+Weights read outside a unit's call would read zeros on the ranks that do not
+own them, so models that do so are refused: weight regularizers (Keras reads
+them in the loss, outside the layers), variables outside the units, a
+variable shared by two units.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras.src.backend.common.stateless_scope import StatelessScope
+from keras.src.backend.common.variables import AutocastScope, get_autocast_scope
+
+from tarantella import collectives, deferred_build, runtime, tf_ops
+from tarantella.keras.graph_allreduce import unchained
+from tarantella.pipeline import channels as peer_channels, stage_state
+from tarantella.sharding.gradients_to_owners import GradientsToOwners
+from tarantella.sharding.owners import assign_owners, describe, variable_bytes
+from tarantella.sharding.send_counter import SendCounter
+from tarantella.timeline import graph_marks
+
+__all__ = ["units_of", "check_gatherable", "WeightGathering", "shard_weights"]
+
+logger = logging.getLogger("tarantella")
+
+
+def units_of(model) -> list:
+    """The layers whose `call` runs as one gathered unit: the top-level layers that hold trainable variables,
+    looking inside nested Functional and Sequential models (their call only calls their layers)."""
+    units = []
+    for layer in model.layers:
+        if isinstance(layer, keras.Model) and _is_graph_model(layer):
+            units.extend(units_of(layer))
+        elif layer.trainable_variables:
+            units.append(layer)
+    return units
+
+
+def _is_graph_model(model) -> bool:
+    return isinstance(model, (keras.Sequential, keras.src.models.functional.Functional))
+
+
+def check_gatherable(model, units: list) -> None:
+    """A one-line error if some weight would be read outside the units' calls (Note above)."""
+    by_unit = {}
+    for unit in units:
+        for variable in unit.trainable_variables:
+            if id(variable) in by_unit:
+                raise ValueError(f"tarantella: shard='weights' gathers each layer's weights for its own call, and "
+                                 f"{variable.path} is shared by layers {by_unit[id(variable)]!r} and {unit.name!r}; "
+                                 f"use shard='gradients' for models that share weights between layers")
+            by_unit[id(variable)] = unit.name
+    outside = [v.path for v in model.trainable_variables if id(v) not in by_unit]
+    if outside:
+        raise ValueError(f"tarantella: shard='weights' gathers the weights of {type(model).__name__}'s layers, and "
+                         f"{outside[:3]} belong to no layer it calls; use shard='gradients' for this model")
+    regularized = [v.path for v in model.trainable_variables if getattr(v, "regularizer", None) is not None]
+    if regularized:
+        raise ValueError(f"tarantella: shard='weights' cannot apply the weight regularizers of {regularized[:3]} "
+                         f"(Keras reads them outside the layers, where only the owner holds the weight); use the "
+                         f"optimizer's weight_decay, or shard='gradients'")
+
+
+class WeightGathering:
+    """Made on every rank alike, in the same order (opens channels). `variables`, `owners`: the model's trainable
+    variables and their owning ranks (a variable's tag is its index)."""
+
+    def __init__(self, variables: list, owners: list, rank: int, size: int):
+        self.rank, self.size = rank, size
+        self.variables, self.owners = list(variables), list(owners)
+        self._owner_and_tag = {id(v): (owner, tag) for tag, (v, owner) in enumerate(zip(variables, owners))}
+        # Storage dtypes, taken outside any AutocastScope (in which a variable reports its compute dtype)
+        self._dtype = {id(v): tf.as_dtype(v.dtype) for v in variables}
+        self._forward = peer_channels.open_channels()
+        self._backward = peer_channels.open_channels()
+        self.to_owners = GradientsToOwners(rank, size, peer_channels.open_channels())
+        self.sends = SendCounter("tnt_gathered_weight_sends")
+        # Note [Every rank runs every unit's backward pass]
+        self.anchor = tf.Variable(0.0, trainable=True, name="tnt_gathered_units_anchor")
+        self._ops = tf_ops.load_ops()
+        self._last_inputs = (None, [])  # (graph, inputs) of the unit called last: the forward's prefetch
+
+    def whole_values(self, root: int | None = None) -> list:
+        """Collective: every trainable variable's value (numpy), from its owner, on every rank (root=None) or on
+        `root` only (the others get an empty list)."""
+        values = []
+        for variable, owner in zip(self.variables, self.owners):
+            buffer = (np.array(variable.numpy(), copy=True) if owner == self.rank
+                      else np.empty(tuple(variable.shape), variable.dtype))
+            value = buffer if self.size == 1 else collectives.broadcast(buffer, root=owner)
+            if root is None or root == self.rank:
+                values.append(np.array(value, copy=True))
+        return values
+
+    @contextlib.contextmanager
+    def whole_on(self, root: int):
+        """Collective: inside, `root` holds every weight (to write the whole model to a file); the weights it does
+        not own are released again after."""
+        values = self.whole_values(root)
+        lent = []
+        if self.rank == root:
+            for variable, owner, value in zip(self.variables, self.owners, values):
+                if owner != root:
+                    stage_state.materialize(variable, value)
+                    lent.append(variable)
+        try:
+            yield
+        finally:
+            for variable in lent:
+                stage_state.release(variable)
+
+    def whole_weights(self, model_weights: list) -> list:
+        """Collective: the values of `model_weights` (a model's weights, trainable or not) on every rank."""
+        gathered = dict(zip(map(id, self.variables), self.whole_values()))
+        return [gathered[id(v)] if id(v) in gathered else v.numpy() for v in model_weights]
+
+    def gradients(self, tape, target, variables: list) -> list:
+        """The tape's gradients of `target` for the variables this rank owns (summed over the ranks by the
+        units' backward passes), None for the others (it holds no storage a tape could watch)."""
+        owned = [v for v in variables if self.owns(v)]
+        gradients = tape.gradient(target, owned + [self.anchor])[:-1]   # Note [Every rank runs ...]
+        by_variable = dict(zip(map(id, owned), gradients))
+        return [by_variable.get(id(v)) for v in variables]
+
+    def owns(self, variable) -> bool:
+        return self._owner_and_tag[id(variable)][0] == self.rank
+
+    def install(self, units: list) -> None:
+        """Each unit's call runs gathered from now on (Note above)."""
+        for unit in units:
+            if not getattr(unit, "_tnt_gathered", False):
+                unit.call = self._gathered_call(unit, unit.call)
+                unit._tnt_gathered = True
+
+    def gather(self, variables: list, owned_values: dict, after, backward: bool) -> list:
+        """Traced, the same call on every rank: each variable's value, sent by its owner (whose `owned_values`
+        hold it) to every other rank; the receives are posted once `after` exists."""
+        channels = self._backward if backward else self._forward
+        posted = self.sends.after(tf.nest.flatten(after))
+        values, tokens = [], []
+        for variable in variables:
+            owner, tag = self._owner_and_tag[id(variable)]
+            if owner == self.rank:
+                value = owned_values[id(variable)]
+                for peer in range(self.size):
+                    if peer != self.rank:
+                        token = unchained(self._ops.tnt_send(value, channels=channels.id, peer=peer, tag=tag))
+                        tokens.append(graph_marks.mark(token, graph_marks.GATHERED))  # timeline only
+                values.append(value)
+            else:
+                values.append(graph_marks.mark(unchained(self._ops.tnt_receive(
+                    posted, T=self._dtype[id(variable)], shape=tuple(variable.shape), channels=channels.id,
+                    peer=owner, tag=tag)), graph_marks.GATHERED))  # timeline only
+        self.sends.count(tokens)
+        return values
+
+    def _prefetch_after(self, inputs: list) -> list:
+        """What this unit's forward gather waits for: the previous unit's inputs in the same graph (one unit
+        ahead, Note above), else its own."""
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        (last_graph, last), self._last_inputs = self._last_inputs, (graph, inputs)
+        return last if last and graph is not None and last_graph is graph else inputs
+
+    def _gathered_call(self, unit, call):
+        gathering = self
+
+        def gathered_call(*args, **kwargs):
+            if any(isinstance(item, keras.KerasTensor) for item in tf.nest.flatten((args, kwargs))):
+                return call(*args, **kwargs)   # symbolic: shapes only, no value is read
+            weights = list(unit.trainable_variables)
+            others = [v for v in unit.variables if not v.trainable]
+            flat = tf.nest.flatten((args, kwargs))
+            at = [i for i, item in enumerate(flat) if tf.is_tensor(item)]
+            owned = [v for v in weights if gathering.owns(v)]
+            before = [tf.convert_to_tensor(v._value) for v in others]   # Note above: both passes read these
+            prefetch_after = gathering._prefetch_after([flat[i] for i in at])
+            autocast = get_autocast_scope()   # the layer's mixed precision, for the backward pass too
+            count = len(at)
+
+            def run(tensors, gathered, record_updates):
+                items = list(flat)
+                for i, tensor in zip(at, tensors):
+                    items[i] = tensor
+                call_args, call_kwargs = tf.nest.pack_sequence_as((args, kwargs), items)
+                mapping = list(zip(weights, gathered)) + list(zip(others, before))
+                with StatelessScope(state_mapping=mapping, collect_losses=True, initialize_variables=False) as scope, \
+                        AutocastScope(autocast.dtype if autocast is not None else None):
+                    outputs = call(*call_args, **call_kwargs)
+                updates = [(v, scope.get_current_value(v)) for v in others] if record_updates else []
+                return outputs, list(scope.losses), updates
+
+            structure = {}
+
+            @tf.custom_gradient
+            def unit_function(*inputs):
+                tensors, owned_values = inputs[:count], dict(zip(map(id, owned), inputs[count:-1]))
+                gathered = gathering.gather(weights, owned_values, prefetch_after, backward=False)
+                outputs, losses, updates = run(tensors, gathered, record_updates=True)
+                structure["outputs"] = outputs
+                structure["updates"] = updates
+                flat_outputs = tf.nest.flatten(outputs) + losses
+
+                def grad(*upstream, variables=None):
+                    values = gathering.gather(weights, owned_values, list(upstream), backward=True)
+                    differentiable = [t for t in tensors if t.dtype.is_floating]
+                    with tf.GradientTape(watch_accessed_variables=False) as tape:
+                        tape.watch(differentiable)
+                        tape.watch(values)
+                        again, again_losses, _ = run(tensors, values, record_updates=False)
+                    targets = tf.nest.flatten(again) + again_losses
+                    grads = tape.gradient(targets, differentiable + values, output_gradients=list(upstream))
+                    by_input = dict(zip(map(id, differentiable), grads[:len(differentiable)]))
+                    input_grads = [by_input.get(id(t)) for t in tensors]
+                    weight_grads = [_dense(g, v, gathering._dtype[id(v)])
+                                    for g, v in zip(grads[len(differentiable):], weights)]
+                    owners, tags = zip(*[gathering._owner_and_tag[id(v)] for v in weights])
+                    summed = gathering.to_owners(weight_grads, list(owners), list(tags))
+                    by_weight = dict(zip(map(id, weights), summed))
+                    return (input_grads + [by_weight[id(v)] for v in owned] + [tf.zeros([])],
+                            [None] * len(variables or []))
+
+                return flat_outputs, grad
+
+            results = unit_function(*[flat[i] for i in at], *[tf.convert_to_tensor(v._value) for v in owned],
+                                    tf.convert_to_tensor(gathering.anchor))
+            results = list(results) if isinstance(results, (list, tuple)) else [results]
+            output_count = len(tf.nest.flatten(structure["outputs"]))
+            for variable, value in structure["updates"]:
+                if value is not None:
+                    variable.assign(value)
+            for loss in results[output_count:]:
+                unit.add_loss(loss)
+            return tf.nest.pack_sequence_as(structure["outputs"], results[:output_count])
+
+        return gathered_call
+
+
+def _dense(gradient, variable, dtype):
+    """A weight's gradient as a dense tensor (an Embedding's arrives as IndexedSlices); zeros if unused."""
+    if gradient is None:
+        return tf.zeros(variable.shape, dtype)
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.convert_to_tensor(gradient)
+    return gradient
+
+
+def shard_weights(model, rank: int, size: int) -> WeightGathering:
+    """Collective, when tnt.Model wraps `model` with shard="weights": each rank gives storage to the weights it
+    owns (initialised as serial Keras would, Note [Models built without storage] in deferred_build.py, or the
+    master's values for a model built eagerly) and releases the others; every unit's call is gathered from then on."""
+    if not model.built:
+        raise ValueError(f"tarantella: shard='weights' shards the weights of a built model, and "
+                         f"{type(model).__name__} is not built; give it an Input (or call it on a batch, or build it "
+                         f"inside tnt.deferred_weights()) before tnt.Model")
+    units = units_of(model)
+    check_gatherable(model, units)
+    variables = list(model.trainable_variables)
+    owners = assign_owners([variable_bytes(v) for v in variables], size)
+    owned = {id(v) for v, owner in zip(variables, owners) if owner == rank}
+    trainable = {id(v) for v in variables}
+    deferred = [v for v in model.variables if deferred_build.is_deferred(v)]
+    built = [v for v in model.variables if not deferred_build.is_deferred(v)]
+    root = runtime.get_master_rank()
+    for variable in built:   # an eagerly built model: every rank starts from the master's values
+        variable.assign(collectives.broadcast(np.array(variable.numpy(), copy=True), root=root))
+    deferred_build.take_master_seeds(deferred)
+    for variable in deferred:
+        if id(variable) in owned or id(variable) not in trainable:
+            deferred_build.initialize(variable)
+    for variable in variables:
+        if id(variable) not in owned:
+            stage_state.release(variable)
+    logger.info("tarantella: shard='weights': %s, %d layers gathered per pass",
+                describe([variable_bytes(v) for v in variables], owners, size), len(units))
+    gathering = WeightGathering(variables, owners, rank, size)
+    gathering.install(units)
+    return gathering

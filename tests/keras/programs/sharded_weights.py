@@ -1,0 +1,197 @@
+"""shard="weights" (ZeRO stage 3, issue 21) against unsharded data parallelism and serial Keras.
+
+    tarantella -n N -- sharded_weights.py
+
+Each check trains the same seeded model unsharded and with tnt.Model(model, shard="weights"), and compares the
+weights bit for bit (and serial Keras's within 1e-6): a model with BatchNormalization and Dropout under four
+optimizer set-ups, a Transformer block (MultiHeadAttention, LayerNormalization, a residual), an activity
+regularizer, a model built in tnt.deferred_weights() (each rank gives storage to its own weights only), save
+(a plain .keras file, equal to unsharded's) and loading it sharded, and the refusals. Prints "OK <check>".
+Grappler's arithmetic optimizer is off, as in sharded_optimizer.py (it rewrites a schedule's tensor by how many
+updates consume it).
+"""
+import os
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tarantella as tnt
+from tarantella.pipeline import stage_state
+
+tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+
+rank, size = tnt.get_rank(), tnt.get_size()
+rng = np.random.default_rng(0)
+N, BATCH = 96, 24
+x = rng.standard_normal((N, 10)).astype(np.float32)
+y = rng.integers(0, 3, N).astype(np.int32)
+sequences = rng.standard_normal((N, 6, 8)).astype(np.float32)
+
+
+def build():
+    keras.utils.set_random_seed(7)
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(33, activation="relu"),
+                             keras.layers.BatchNormalization(), keras.layers.Dropout(0.2),
+                             keras.layers.Dense(17, activation="tanh"), keras.layers.Dense(3)])
+
+
+def transformer_block():
+    keras.utils.set_random_seed(11)
+    tokens = keras.Input((6, 8))
+    attended = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.1)(tokens, tokens)
+    hidden = keras.layers.LayerNormalization()(keras.layers.Add()([tokens, attended]))
+    hidden = keras.layers.Dense(16, activation="gelu")(hidden)
+    return keras.Model(tokens, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(hidden)))
+
+
+def with_activity_regularizer():
+    keras.utils.set_random_seed(5)
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(24, activation="relu",
+                                                                   activity_regularizer=keras.regularizers.L2(0.01)),
+                             keras.layers.Dense(3)])
+
+
+def adamw_without_bias_decay():
+    optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.05)
+    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+    return optimizer
+
+
+SET_UPS = {
+    "SGD with momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+    "AdamW excluding biases from decay": adamw_without_bias_decay,
+    "Adam with global_clipnorm": lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.05),
+    "RMSprop with a schedule and EMA": lambda: keras.optimizers.RMSprop(
+        keras.optimizers.schedules.ExponentialDecay(0.01, 2, 0.5), use_ema=True, ema_overwrite_frequency=3),
+}
+
+
+def train(model, make_optimizer, inputs=None, epochs=2):
+    model.compile(optimizer=make_optimizer(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x if inputs is None else inputs, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
+    return model
+
+
+def flat(arrays):
+    return np.concatenate([np.asarray(a, np.float64).ravel() for a in arrays])
+
+
+def assert_bitwise(expected, got, what):
+    for index, (a, b) in enumerate(zip(expected, got)):
+        assert np.array_equal(a, b), f"rank {rank} {what}: weight {index} differs by {np.max(np.abs(a - b)):.3g}"
+    gathered = tnt.allgather(flat(got))
+    assert all(np.array_equal(gathered[0], other) for other in gathered[1:]), f"{what}: ranks hold different weights"
+
+
+def assert_holds_own_share(model, what):
+    """This rank holds storage for its own weights only, and together the ranks hold each weight once."""
+    held = [v.path for v in model.trainable_variables if not stage_state.is_released(v)]
+    together = sorted(path for part in tnt.allgather_object(held) for path in part)
+    assert together == sorted(v.path for v in model.trainable_variables), f"{what}: {together}"
+    assert size == 1 or len(held) < len(model.trainable_variables), f"rank {rank} {what}: holds every weight"
+
+
+for name, make_optimizer in SET_UPS.items():
+    serial = train(build(), make_optimizer).get_weights()
+    expected = train(tnt.Model(build()), make_optimizer).get_weights()
+    sharded = train(tnt.Model(build(), shard="weights"), make_optimizer)
+    got = sharded.get_weights()
+    assert_bitwise(expected, got, f"{name} sharded 'weights' against unsharded")
+    difference = max(float(np.max(np.abs(a - b))) for a, b in zip(serial, got))
+    assert difference < 1e-6, f"rank {rank} {name}: {difference:.3g} from serial"
+    assert_holds_own_share(sharded, name)
+    print(f"OK {name}: bitwise unsharded (weights), serial within {difference:.1g}", flush=True)
+
+loss = sharded.evaluate(x, y, batch_size=BATCH, verbose=0)
+predictions = sharded.predict(x, batch_size=BATCH, verbose=0)
+unsharded = tnt.Model(build())
+unsharded.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+unsharded.set_weights(got)
+assert loss == unsharded.evaluate(x, y, batch_size=BATCH, verbose=0), "evaluate differs from unsharded"
+assert np.array_equal(predictions, unsharded.predict(x, batch_size=BATCH, verbose=0)), "predict differs"
+print("OK evaluate and predict give unsharded's results", flush=True)
+
+make_optimizer = SET_UPS["AdamW excluding biases from decay"]
+expected = train(tnt.Model(transformer_block()), make_optimizer, inputs=sequences).get_weights()
+got = train(tnt.Model(transformer_block(), shard="weights"), make_optimizer, inputs=sequences).get_weights()
+assert_bitwise(expected, got, "a Transformer block sharded 'weights'")
+print("OK a Transformer block (MultiHeadAttention with dropout) trains as unsharded", flush=True)
+
+expected = train(tnt.Model(with_activity_regularizer()), make_optimizer).get_weights()
+got = train(tnt.Model(with_activity_regularizer(), shard="weights"), make_optimizer).get_weights()
+assert_bitwise(expected, got, "an activity regularizer sharded 'weights'")
+print("OK an activity regularizer trains as unsharded", flush=True)
+
+# Built without storage: each rank initialises its own weights only, to serial Keras's initial values.
+with tnt.deferred_weights():
+    deferred = build()
+deferred = tnt.Model(deferred, shard="weights")
+assert_holds_own_share(deferred, "a model built in deferred_weights()")
+assert_bitwise(build().get_weights(), deferred.get_weights(), "deferred initial weights against serial")
+assert_bitwise(train(tnt.Model(build()), make_optimizer).get_weights(),
+               train(deferred, make_optimizer).get_weights(), "a deferred model trained sharded")
+print("OK a model built in deferred_weights() holds its share only, starts and trains as serial", flush=True)
+
+# Saving gathers the weights and the optimizer state on the master: one plain .keras file, unsharded's.
+directory = tnt.broadcast_object(tempfile.mkdtemp() if rank == 0 else None)
+unsharded_path, sharded_path = os.path.join(directory, "unsharded.keras"), os.path.join(directory, "sharded.keras")
+unsharded = train(tnt.Model(build()), make_optimizer)
+sharded = train(tnt.Model(build(), shard="weights"), make_optimizer)
+unsharded.save(unsharded_path)
+sharded.save(sharded_path)
+assert_holds_own_share(sharded, "after save")
+tnt.barrier()
+plain_unsharded, plain_sharded = keras.saving.load_model(unsharded_path), keras.saving.load_model(sharded_path)
+assert_bitwise(plain_unsharded.get_weights(), plain_sharded.get_weights(), "the saved weights")
+assert_bitwise([v.numpy() for v in plain_unsharded.optimizer.variables],
+               [v.numpy() for v in plain_sharded.optimizer.variables], "the saved optimizer state")
+print("OK save writes one plain .keras file, equal to unsharded training's", flush=True)
+keras.utils.set_random_seed(3)
+resumed_unsharded = tnt.models.load_model(unsharded_path)
+keras.utils.set_random_seed(3)
+resumed_sharded = tnt.models.load_model(sharded_path, shard="weights")
+assert_holds_own_share(resumed_sharded, "a loaded model")
+for model in (resumed_unsharded, resumed_sharded):
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+assert_bitwise(resumed_unsharded.get_weights(), resumed_sharded.get_weights(), "resumed sharded 'weights'")
+print("OK a saved model loads sharded and resumes as unsharded", flush=True)
+
+
+def refused(make, words):
+    try:
+        make()
+    except ValueError as error:
+        assert words in str(error), error
+        return
+    raise AssertionError(f"expected a refusal saying {words!r}")
+
+
+if size > 1:
+    def regularized():
+        keras.utils.set_random_seed(5)
+        return keras.Sequential([keras.Input((10,)), keras.layers.Dense(
+            4, kernel_regularizer=keras.regularizers.L2(0.01)), keras.layers.Dense(3)])
+
+    class OwnStep(keras.Model):
+        def train_step(self, data):
+            return {}
+
+    refused(lambda: tnt.Model(regularized(), shard="weights"), "weight regularizers")
+    plain = build()
+    refused(lambda: tnt.Model(OwnStep(plain.inputs, plain.outputs), shard="weights"), "own training logic")
+    refused(lambda: tnt.shard_optimizer(keras.optimizers.Adam(), mode="weights"), "tnt.Model(model, shard='weights')")
+    refused(lambda: tnt.Model(keras.Sequential([keras.layers.Dense(3)]), shard="weights"), "is not built")
+print("OK unsupported uses are refused with one line", flush=True)
+
+# As users run it, last (process-wide settings): op determinism on, mixed_float16 with a dynamic loss scale.
+tf.config.experimental.enable_op_determinism()
+keras.mixed_precision.set_global_policy("mixed_float16")
+make_optimizer = lambda: keras.optimizers.LossScaleOptimizer(  # noqa: E731
+    keras.optimizers.Adam(0.01, global_clipnorm=0.05), initial_scale=2.0 ** 20, dynamic_growth_steps=2)
+expected = train(tnt.Model(build()), make_optimizer).get_weights()
+got = train(tnt.Model(build(), shard="weights"), make_optimizer).get_weights()
+assert_bitwise(expected, got, "mixed_float16 sharded 'weights'")
+print("OK mixed_float16 with a LossScaleOptimizer and op determinism train as unsharded", flush=True)
+print("OK done", flush=True)

@@ -1,0 +1,31 @@
+"""shard="weights" (ZeRO stage 3, issue 21): bitwise unsharded training at 1-4 ranks for four optimizer set-ups,
+a Transformer block, an activity regularizer, mixed precision; each rank holds its own weights only (also when
+built in tnt.deferred_weights()); save, load and resume; refusals (tests/keras/programs/sharded_weights.py)."""
+import os
+
+import pytest
+
+from tests.multirank import run_ranks
+
+PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "sharded_weights.py")
+SET_UPS = ["SGD with momentum", "AdamW excluding biases from decay", "Adam with global_clipnorm",
+           "RMSprop with a schedule and EMA"]
+CHECKS = ["evaluate and predict give unsharded's results",
+          "a Transformer block (MultiHeadAttention with dropout) trains as unsharded",
+          "an activity regularizer trains as unsharded",
+          "a model built in deferred_weights() holds its share only, starts and trains as serial",
+          "save writes one plain .keras file, equal to unsharded training's",
+          "a saved model loads sharded and resumes as unsharded", "unsupported uses are refused with one line",
+          "mixed_float16 with a LossScaleOptimizer and op determinism train as unsharded", "done"]
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_sharded_weights_train_as_unsharded(ranks):
+    result = run_ranks(ranks, PROGRAM, timeout=280, env={"TF_CPP_MIN_LOG_LEVEL": "2"}).check()
+    for rank in range(ranks):
+        for set_up in SET_UPS:
+            assert f"OK {set_up}: bitwise unsharded (weights)" in result.rank_stdout.get(rank, ""), \
+                f"rank {rank} missed {set_up!r}\n{result.describe()}"
+    result.assert_printed(CHECKS, range(ranks))
