@@ -19,7 +19,7 @@ import socket
 import sys
 import threading
 
-__all__ = ["parse_size", "peak_resident_bytes", "resident_bytes", "start", "MIB"]
+__all__ = ["parse_size", "peak_resident_bytes", "reset_peak_resident", "resident_bytes", "start", "MIB"]
 
 MIB = 1024 * 1024
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": MIB, "mb": MIB, "mib": MIB,
@@ -41,6 +41,15 @@ def parse_size(text: str) -> int:
 def peak_resident_bytes() -> int:
     """The process's peak resident set so far (VmHWM)."""
     return _status_bytes("VmHWM")
+
+
+def reset_peak_resident() -> int:
+    """Reset the kernel's peak mark (VmHWM) to the resident memory now (Linux's /proc/self/clear_refs "5") and
+    return that: a measurement from here on does not see an earlier, higher peak. OSError where the kernel has
+    no such control."""
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+    return resident_bytes()
 
 
 def resident_bytes() -> int:

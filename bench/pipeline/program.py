@@ -94,9 +94,7 @@ def start_peak_rss() -> float:
     reset to it (Linux's /proc/self/clear_refs "5"), so that an earlier, higher peak (making the data: a
     float64 draw, then its float32 copy) does not hide what the model adds."""
     try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-        return memory_budget.resident_bytes() / MIB
+        return memory_budget.reset_peak_resident() / MIB
     except OSError:   # no such control: the peak so far is the base (what the model adds below it is not seen)
         return peak_rss_mib()
 

@@ -1,9 +1,11 @@
 """One run of issue 21's memory benchmark, started by bench/sharding/memory.py through the launcher:
 
-    tarantella -n N -- bench/sharding/program.py --shard off|optimizer|gradients [--model mlp|transformer]
+    tarantella -n N -- bench/sharding/program.py --shard off|optimizer|gradients|weights [--model mlp|transformer]
                                                [--width 4096 --depth 6 --batch 64 --steps 6]
 
-With Adam, trained data-parallel by tnt.Model(shard=...) for `steps` steps of the global batch:
+The model is built in tnt.deferred_weights() (no weight takes memory before tnt.Model gives storage to those
+this rank holds: all of them, or its own with shard="weights") and trained data-parallel by
+tnt.Model(shard=...) with Adam for `steps` steps of the global batch:
 - mlp: `depth` x Dense(width) and Dense(10), on random vectors;
 - transformer: a decoder-style language model of Keras layers: Embedding(8000, width), `depth` blocks of
   MultiHeadAttention (width / 64 heads of 64, causal) and a feed-forward Dense(4 width) - Dense(width), each
@@ -11,13 +13,16 @@ With Adam, trained data-parallel by tnt.Model(shard=...) for `steps` steps of th
 Rank 0 prints one RESULT line (JSON) with every rank's figures:
 - optimizer_state_mib: the bytes of the rank's optimizer variables (slots, iteration count), exact;
 - gradient_memory_mib: the bytes the gradient reduction holds for the optimizer, by the engine's layout, not
-  measured: the summed gradients it hands over (every variable's; with shard="gradients" the owned ones') plus
+  measured: the summed gradients it hands over (every variable's; with shard="gradients" or "weights" the owned
+  ones') plus
   the fused reducer's buckets, which on one node live in two areas of shared memory for the whole run (Note
   [Two copies per gradient byte] in csrc/engine/fused_reducer.hpp; none with shard="gradients"). The local
   gradients backprop makes are the same in every mode and not counted;
-- peak_rss_growth_mib: peak resident memory (getrusage's ru_maxrss) minus the resident memory before the model
-  is built, i.e. weights, gradients, the reducer's buffers, optimizer state, activations and TensorFlow's
-  working memory;
+- weights_held_mib: the bytes of the trainable weights this rank keeps between steps and between layers (all of
+  them, or with shard="weights" its own; a pass adds the gathered weights of at most two layers), exact;
+- peak_rss_growth_mib: peak resident memory (VmHWM, the kernel's peak mark reset to the resident memory just
+  before the model is built) minus that resident memory, i.e. weights, gradients, the reducer's buffers,
+  optimizer state, activations and TensorFlow's working memory;
 - step_s: the median time of a training step after the first two (tracing, warm-up).
 """
 from __future__ import annotations
@@ -25,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import time
 
@@ -35,6 +39,7 @@ import keras
 
 import tarantella as tnt
 from tarantella import memory_budget
+from tarantella.pipeline import stage_state
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--shard", default="off")
@@ -45,10 +50,6 @@ parser.add_argument("--batch", type=int, default=64)
 parser.add_argument("--steps", type=int, default=6)
 args = parser.parse_args()
 MIB = 1024.0 * 1024.0
-
-
-def resident_mib() -> float:
-    return memory_budget.resident_bytes() / MIB
 
 
 class StepTimes(keras.callbacks.Callback):
@@ -93,10 +94,12 @@ else:
     x = rng.integers(0, VOCABULARY, (samples, TOKENS)).astype(np.int32)
     y = rng.integers(0, VOCABULARY, (samples, TOKENS)).astype(np.int32)
 load_before = os.getloadavg()
-baseline = resident_mib()
+baseline = memory_budget.reset_peak_resident() / MIB   # making the data peaked higher: not the model's
 
 keras.utils.set_random_seed(1)
-model = tnt.Model(mlp() if args.model == "mlp" else transformer(), shard=args.shard)
+with tnt.deferred_weights():
+    built = mlp() if args.model == "mlp" else transformer()
+model = tnt.Model(built, shard=args.shard)
 model.compile(optimizer=keras.optimizers.Adam(1e-4),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 times = StepTimes()
@@ -107,13 +110,15 @@ def variable_bytes(variables) -> int:
     return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
 
 
-summed = model._sharded_update.owned if args.shard == "gradients" and size > 1 else model.trainable_variables
+held = [v for v in model.trainable_variables if not stage_state.is_released(v)]
+summed = model._sharded_update.owned if args.shard in ("gradients", "weights") and size > 1 else held
 buckets = sum(model._gradient_allreducer.bucket_bytes()) if model._gradient_allreducer is not None else 0
 mine = {
     "rank": rank,
     "gradient_memory_mib": (variable_bytes(summed) + 2 * buckets) / MIB,
     "optimizer_state_mib": variable_bytes(model.optimizer.variables) / MIB,
-    "peak_rss_growth_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0 - baseline,
+    "weights_held_mib": variable_bytes(held) / MIB,
+    "peak_rss_growth_mib": memory_budget.peak_resident_bytes() / MIB - baseline,
     "step_s": statistics.median(times.times[2:] or times.times),
     "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
 }

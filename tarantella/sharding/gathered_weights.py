@@ -64,6 +64,7 @@ from keras.src.backend.common.stateless_scope import StatelessScope
 from keras.src.backend.common.variables import AutocastScope, get_autocast_scope
 
 from tarantella import collectives, deferred_build, runtime, tf_ops
+from tarantella.keras import sparse_gradients
 from tarantella.keras.graph_allreduce import unchained
 from tarantella.pipeline import channels as peer_channels, stage_state
 from tarantella.sharding.gradients_to_owners import GradientsToOwners
@@ -131,6 +132,24 @@ class WeightGathering:
         self.anchor = tf.Variable(0.0, trainable=True, name="tnt_gathered_units_anchor")
         self._ops = tf_ops.load_ops()
         self._last_inputs = (None, [])  # (graph, inputs) of the unit called last: the forward's prefetch
+
+    def summed_on_owners(self, gradients: list, variables: list) -> dict:
+        """Traced, the same call on every rank: {id(variable): its gradient summed over the ranks} for the
+        variables this rank owns. An Embedding's per-sample gradient stays sparse, every rank's slices in rank
+        order (Note [Sparse gradients stay sparse] in tarantella/keras/sparse_gradients.py); the others are
+        summed on their owners as stage 2 sums them."""
+        sparse = [i for i, g in enumerate(gradients) if sparse_gradients.is_per_sample(g)]
+        dense = [i for i in range(len(gradients)) if i not in sparse]
+        summed = {}
+        if dense:
+            owners, tags = zip(*[self._owner_and_tag[id(variables[i])] for i in dense])
+            sums = self.to_owners([_dense(gradients[i], variables[i], self._dtype[id(variables[i])]) for i in dense],
+                                  list(owners), list(tags))
+            summed.update((id(variables[i]), total) for i, total in zip(dense, sums))
+        if sparse:
+            gathered = sparse_gradients.gather([gradients[i] for i in sparse], [variables[i] for i in sparse], None)
+            summed.update((id(variables[i]), slices) for i, slices in zip(sparse, gathered) if self.owns(variables[i]))
+        return summed
 
     def whole_values(self, root: int | None = None) -> list:
         """Collective: every trainable variable's value (numpy), from its owner, on every rank (root=None) or on
@@ -263,12 +282,8 @@ class WeightGathering:
                     grads = tape.gradient(targets, differentiable + values, output_gradients=list(upstream))
                     by_input = dict(zip(map(id, differentiable), grads[:len(differentiable)]))
                     input_grads = [by_input.get(id(t)) for t in tensors]
-                    weight_grads = [_dense(g, v, gathering._dtype[id(v)])
-                                    for g, v in zip(grads[len(differentiable):], weights)]
-                    owners, tags = zip(*[gathering._owner_and_tag[id(v)] for v in weights])
-                    summed = gathering.to_owners(weight_grads, list(owners), list(tags))
-                    by_weight = dict(zip(map(id, weights), summed))
-                    return (input_grads + [by_weight[id(v)] for v in owned] + [tf.zeros([])],
+                    by_weight = gathering.summed_on_owners(grads[len(differentiable):], weights)
+                    return (input_grads + [by_weight.get(id(v)) for v in owned] + [tf.zeros([])],
                             [None] * len(variables or []))
 
                 return flat_outputs, grad

@@ -4,8 +4,8 @@
 
 Each check trains the same seeded model unsharded and with tnt.Model(model, shard="weights"), and compares the
 weights bit for bit (and serial Keras's within 1e-6): a model with BatchNormalization and Dropout under four
-optimizer set-ups, a Transformer block (MultiHeadAttention, LayerNormalization, a residual), an activity
-regularizer, a model built in tnt.deferred_weights() (each rank gives storage to its own weights only), save
+optimizer set-ups, a Transformer block (MultiHeadAttention, LayerNormalization, a residual), an Embedding (its
+gradient stays sparse), an activity regularizer, a model built in tnt.deferred_weights() (each rank gives storage to its own weights only), save
 (a plain .keras file, equal to unsharded's) and loading it sharded, and the refusals. Prints "OK <check>".
 Grappler's arithmetic optimizer is off, as in sharded_optimizer.py (it rewrites a schedule's tensor by how many
 updates consume it).
@@ -118,6 +118,19 @@ expected = train(tnt.Model(transformer_block()), make_optimizer, inputs=sequence
 got = train(tnt.Model(transformer_block(), shard="weights"), make_optimizer, inputs=sequences).get_weights()
 assert_bitwise(expected, got, "a Transformer block sharded 'weights'")
 print("OK a Transformer block (MultiHeadAttention with dropout) trains as unsharded", flush=True)
+
+def with_embedding():
+    keras.utils.set_random_seed(5)
+    tokens = keras.Input((4,), dtype="int32")
+    hidden = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(50, 8)(tokens))
+    return keras.Model(tokens, keras.layers.Dense(3)(keras.layers.Dense(16, activation="relu")(hidden)))
+
+
+token_ids = rng.integers(0, 50, (N, 4)).astype(np.int32)
+expected = train(tnt.Model(with_embedding()), make_optimizer, inputs=token_ids).get_weights()
+got = train(tnt.Model(with_embedding(), shard="weights"), make_optimizer, inputs=token_ids).get_weights()
+assert_bitwise(expected, got, "an Embedding sharded 'weights'")
+print("OK an Embedding trains as unsharded", flush=True)
 
 expected = train(tnt.Model(with_activity_regularizer()), make_optimizer).get_weights()
 got = train(tnt.Model(with_activity_regularizer(), shard="weights"), make_optimizer).get_weights()
