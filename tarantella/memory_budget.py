@@ -77,8 +77,8 @@ def start(budget_bytes: int, rank: int, end_job) -> None:
             sys.stderr.write(
                 f"tarantella.MemoryBudgetError: rank {rank} on host {socket.gethostname()}: peak resident "
                 f"memory {peak / MIB:.0f} MiB exceeds the per-rank budget of {budget_bytes / MIB:.0f} MiB "
-                f"(--memory-budget); shard its training state over the ranks (--shard gradients), cut the model "
-                f"into more stages, build it in tnt.deferred_weights(), or raise the budget\n")
+                f"(--memory-budget); shard its training state over the ranks (--shard gradients or weights), cut "
+                f"the model into more stages, build it in tnt.deferred_weights(), or raise the budget\n")
             sys.stderr.flush()
             stop.set()
             end_job(3)

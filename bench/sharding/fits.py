@@ -4,8 +4,9 @@
 
 Runs bench/sharding/program.py through `tarantella -n N --memory-budget B` (the launcher's budget, enforced on
 each rank's peak resident memory from the start of the process: Note [The per-rank memory budget] in
-tarantella/memory_budget.py), unsharded and with shard="optimizer" and "gradients", and records for each whether
-it trained, the budget's error line if it did not, and the peak it reached. Writes results/sharding/fits-MODEL/.
+tarantella/memory_budget.py), unsharded and with shard="optimizer", "gradients" and "weights", and records for
+each whether it trained, the budget's error line if it did not, and the peak it reached. Writes
+results/sharding/fits-MODEL/.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from bench.records import write_raw_and_table
 from bench.sharding.model_options import add_model_options, program_arguments
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
-MODES = ("off", "optimizer", "gradients")
+MODES = ("off", "optimizer", "gradients", "weights")
 BUDGET_EXIT_CODE = 3  # memory_budget.start's
 
 

@@ -1,11 +1,11 @@
-"""Issue 21 §3: optimizer state, gradient memory, peak memory and step time per rank, sharded (ZeRO stages 1
-and 2) against plain data parallelism, side by side in one run; writes results/sharding/.
+"""Issue 21 §3: weights held, optimizer state, gradient memory, peak memory and step time per rank, sharded (ZeRO
+stages 1-3) against plain data parallelism, side by side in one run; writes results/sharding/.
 
     python -m bench.sharding.memory [--model mlp|transformer] [--out results/sharding/MODEL-DEPTHxWIDTH]
                                     [--ranks 1,2,4] [--repeats 1] [--width 4096 --depth 6 --batch 64 --steps 6]
 
 Per rank count, `tarantella -n N` (the launcher's defaults) runs bench/sharding/program.py unsharded and with
-shard="optimizer" and "gradients", alternating within each repeat; rows are medians over the repeats, of the
+shard="optimizer", "gradients" and "weights", alternating within each repeat; rows are medians over the repeats, of the
 largest rank's figures (program.py says what each one measures). Ratios are to the unsharded run at the same
 rank count.
 """
@@ -22,7 +22,8 @@ from bench.sharding.model_options import add_model_options, program_arguments
 from bench.records import write_raw_and_table
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
-MODES = ("off", "optimizer", "gradients")
+MODES = ("off", "optimizer", "gradients", "weights")
+FIGURES = ("weights_held", "optimizer_state", "gradient_memory")
 
 
 def row_of(results: list[dict]) -> dict:
@@ -34,6 +35,7 @@ def row_of(results: list[dict]) -> dict:
     loads = [max(rank["loadavg_before"][0], rank["loadavg_after"][0]) for r in results for rank in r["per_rank"]]
     return {"shard": first["shard"], "ranks": first["ranks"], "params": first["params"],
             "weights_mib": round(first["weights_mib"], 1), "global_batch": first["global_batch"],
+            "weights_held_mib": round(largest("weights_held_mib"), 1),
             "optimizer_state_mib": round(largest("optimizer_state_mib"), 1),
             "gradient_memory_mib": round(largest("gradient_memory_mib"), 1),
             "peak_rss_growth_mib": round(largest("peak_rss_growth_mib"), 1),
@@ -41,11 +43,13 @@ def row_of(results: list[dict]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| ranks | shard | optimizer state per rank (MiB) | of unsharded | gradient memory per rank (MiB) | "
+    lines = ["| ranks | shard | weights held per rank (MiB) | of unsharded | optimizer state per rank (MiB) | "
+             "of unsharded | gradient memory per rank (MiB) | "
              "of unsharded | peak RSS growth per rank (MiB) | of unsharded | step (s) | of unsharded | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['ranks']} | {row['shard']} | {row['optimizer_state_mib']} | "
+        lines.append(f"| {row['ranks']} | {row['shard']} | {row['weights_held_mib']} | "
+                     f"{row.get('weights_held_of_unsharded', '')} | {row['optimizer_state_mib']} | "
                      f"{row.get('optimizer_state_of_unsharded', '')} | {row['gradient_memory_mib']} | "
                      f"{row.get('gradient_memory_of_unsharded', '')} | {row['peak_rss_growth_mib']} | "
                      f"{row.get('peak_rss_of_unsharded', '')} | {row['step_s']} | {row.get('step_of_unsharded', '')} | "
@@ -78,7 +82,7 @@ def main() -> None:
         for mode in MODES:
             row = row_of(results[mode])
             if mode != "off":
-                for figure in ("optimizer_state", "gradient_memory"):
+                for figure in FIGURES:
                     row[f"{figure}_of_unsharded"] = round(row[f"{figure}_mib"] / unsharded[f"{figure}_mib"], 3)
                 row["peak_rss_of_unsharded"] = round(row["peak_rss_growth_mib"] / unsharded["peak_rss_growth_mib"], 3)
                 row["step_of_unsharded"] = round(row["step_s"] / unsharded["step_s"], 3)

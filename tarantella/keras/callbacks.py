@@ -30,6 +30,7 @@ import keras
 import numpy as np
 
 from tarantella import collectives, runtime
+from tarantella.pipeline import stage_state
 
 __all__ = ["OUTPUT_CALLBACKS", "output_on_this_rank", "callbacks_for_this_rank", "verbosity_for_this_rank"]
 
@@ -100,8 +101,10 @@ class BackupAndRestoreFromMaster(keras.callbacks.Callback):
             optimizer.build(self.model.trainable_variables)
         for variable in _state_variables(self.model, with_optimizers=not sharded):
             value = collectives.broadcast(np.array(variable.numpy(), copy=True), root=runtime.get_master_rank())
-            if not master:
+            if not master and not stage_state.is_released(variable):   # shard="weights": the owned ones
                 variable.assign(value)
+        if sharded:
+            self.model.release_unowned_weights()
 
     def on_epoch_end(self, epoch, logs=None):
         if self._saves_here:

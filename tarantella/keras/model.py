@@ -281,11 +281,19 @@ class Model(keras.Model):
         if self._sharded_update is None:
             self._model.load_weights(filepath, *args, **kwargs)
             return
+        if self._gathering is not None:   # the file holds every weight; this rank keeps its own (below)
+            self._gathering.hold_all()
         sharding_checkpoint.prepare_to_load(self._model.optimizer, self._model.trainable_variables)
         self._model.load_weights(filepath, *args, **kwargs)
         sharding_checkpoint.take_share(self.optimizer, self._model.optimizer)
         if not self._master_restores_for_all:
             sharding_checkpoint.release(self._model.optimizer)
+            self.release_unowned_weights()
+
+    def release_unowned_weights(self) -> None:
+        """shard="weights": give back the storage of the weights this rank does not own (after a load)."""
+        if self._gathering is not None:
+            self._gathering.release_unowned()
 
     @property
     def is_sharded(self) -> bool:
@@ -426,7 +434,7 @@ class Model(keras.Model):
 
         if self._gathering is not None:  # summed on the owners in backprop (Note [Weights gathered layer by layer])
             summed_state = self._allreducer_for(metric_state, "metrics")(metric_state) if metric_state else []
-            return gradients, summed_state
+            return self._gathering.marked(gradients), summed_state
         riding = metric_reduction.RidingAllreducer(allreducer_for, metric_state)
         to_owners = sharding.reduction_to_owners(self.optimizer, variables)  # ZeRO stage 2, else None
         reduced = gradient_reduction.weighted_sum(gradients, variables, None, riding, self.overlap_communication,

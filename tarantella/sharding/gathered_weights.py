@@ -45,8 +45,28 @@ target to a source it was asked about, and a rank's sources are the weights
 it owns: a rank owning none of the first layers' weights would skip their
 backward passes, in which their owners wait for its gradients. Every unit
 therefore also reads one scalar variable, the anchor, that the tape is asked
-about on every rank (its gradient, zero, is dropped): every rank runs every
+about on every rank (its gradient, zero, is dropped): every rank traces every
 unit's backward pass.
+Note [Every received value is waited for]
+A received value a pass does not need would be pruned from the graph on the
+receiving rank, and its owner's send would wait for a receive that is never
+posted: a bias in a backward pass (its gradient does not need it), an
+Embedding's table (its gradient needs only the indices), and every weight of
+a unit this rank owns none of, whose backward pass computes nothing this rank
+uses. A control dependency does not keep it (the graph optimiser drops control
+edges from ops without side effects), so each receive also gives a token
+computed from its data (its first element), added to the counter that keeps
+the sends (Note [Sends are kept by a counter] in send_counter.py). An owner
+posts its sends when the receivers post their receives (the same inputs), not
+at the start of the step.
+An argument passed twice (MultiHeadAttention(x, x)) is two inputs of the
+function, each with its own gradient. Bits: where a tensor feeds several
+operations inside a layer and others outside it (a Transformer's residual
+stream feeds the attention's query, key and value and the residual add),
+unsharded training's tape adds all its gradients at once, the gathered layer
+adds its own first: the sums may differ by rounding (3e-8 after one epoch on
+tests/keras/programs/sharded_weights.py's language model). Everywhere else
+the gradients are unsharded training's bit for bit.
 Weights read outside a unit's call would read zeros on the ranks that do not
 own them, so models that do so are refused: weight regularizers (Keras reads
 them in the loss, outside the layers), variables outside the units, a
@@ -124,10 +144,11 @@ class WeightGathering:
         self._owner_and_tag = {id(v): (owner, tag) for tag, (v, owner) in enumerate(zip(variables, owners))}
         # Storage dtypes, taken outside any AutocastScope (in which a variable reports its compute dtype)
         self._dtype = {id(v): tf.as_dtype(v.dtype) for v in variables}
-        self._forward = peer_channels.open_channels()
-        self._backward = peer_channels.open_channels()
+        self._channels = peer_channels.open_channels()
+        self._backward_tags = len(variables)   # a backward pass's tags follow the forward pass's
         self.to_owners = GradientsToOwners(rank, size, peer_channels.open_channels())
         self.sends = SendCounter("tnt_gathered_weight_sends")
+        self._gate = tf.Variable(0, dtype=tf.int32, trainable=False, name="tnt_gather_gate")  # never written
         # Note [Every rank runs every unit's backward pass]
         self.anchor = tf.Variable(0.0, trainable=True, name="tnt_gathered_units_anchor")
         self._ops = tf_ops.load_ops()
@@ -150,6 +171,13 @@ class WeightGathering:
             gathered = sparse_gradients.gather([gradients[i] for i in sparse], [variables[i] for i in sparse], None)
             summed.update((id(variables[i]), slices) for i, slices in zip(sparse, gathered) if self.owns(variables[i]))
         return summed
+
+    @staticmethod
+    def marked(gradients: list) -> list:
+        """The owned gradients, noted by the timeline as produced and reduced (they are both by now)."""
+        return [g if g is None or isinstance(g, tf.IndexedSlices)
+                else graph_marks.mark(graph_marks.mark(g, graph_marks.GRADIENT), graph_marks.REDUCED)
+                for g in gradients]
 
     def whole_values(self, root: int | None = None) -> list:
         """Collective: every trainable variable's value (numpy), from its owner, on every rank (root=None) or on
@@ -180,6 +208,18 @@ class WeightGathering:
             for variable in lent:
                 stage_state.release(variable)
 
+    def hold_all(self) -> None:
+        """Not a collective: every weight gets storage (zeros for those this rank does not own), to load a file
+        of the whole model into; `release_unowned` gives it back."""
+        for variable in self.variables:
+            if stage_state.is_released(variable):
+                stage_state.materialize(variable, np.zeros(tuple(variable.shape), variable.dtype))
+
+    def release_unowned(self) -> None:
+        for variable, owner in zip(self.variables, self.owners):
+            if owner != self.rank and not stage_state.is_released(variable):
+                stage_state.release(variable)
+
     def whole_weights(self, model_weights: list) -> list:
         """Collective: the values of `model_weights` (a model's weights, trainable or not) on every rank."""
         gathered = dict(zip(map(id, self.variables), self.whole_values()))
@@ -206,23 +246,30 @@ class WeightGathering:
     def gather(self, variables: list, owned_values: dict, after, backward: bool) -> list:
         """Traced, the same call on every rank: each variable's value, sent by its owner (whose `owned_values`
         hold it) to every other rank; the receives are posted once `after` exists."""
-        channels = self._backward if backward else self._forward
-        posted = self.sends.after(tf.nest.flatten(after))
+        channels = self._channels
+        with tf.control_dependencies(tf.nest.flatten(after)):  # Note [A receive waits for its data only]
+            posted = tf.identity(self._gate.read_value())
         values, tokens = [], []
         for variable in variables:
             owner, tag = self._owner_and_tag[id(variable)]
             if owner == self.rank:
                 value = owned_values[id(variable)]
+                with tf.control_dependencies([posted]):   # sent when the receivers post (Note above)
+                    sent = tf.identity(value)
                 for peer in range(self.size):
                     if peer != self.rank:
-                        token = unchained(self._ops.tnt_send(value, channels=channels.id, peer=peer, tag=tag))
+                        token = unchained(self._ops.tnt_send(sent, channels=channels.id, peer=peer,
+                                                             tag=tag + self._backward_tags * backward))
                         tokens.append(graph_marks.mark(token, graph_marks.GATHERED))  # timeline only
                 values.append(value)
             else:
                 values.append(graph_marks.mark(unchained(self._ops.tnt_receive(
                     posted, T=self._dtype[id(variable)], shape=tuple(variable.shape), channels=channels.id,
-                    peer=owner, tag=tag)), graph_marks.GATHERED))  # timeline only
-        self.sends.count(tokens)
+                    peer=owner, tag=tag + self._backward_tags * backward)), graph_marks.GATHERED))  # timeline only
+        # Note [Every received value is waited for]: a receive is kept by a token read from its data
+        received = [_token(v) for v, variable in zip(values, variables) if self._owner_and_tag[id(variable)][0]
+                    != self.rank]
+        self.sends.count(tokens + received)
         return values
 
     def _prefetch_after(self, inputs: list) -> list:
@@ -242,11 +289,12 @@ class WeightGathering:
             others = [v for v in unit.variables if not v.trainable]
             flat = tf.nest.flatten((args, kwargs))
             at = [i for i, item in enumerate(flat) if tf.is_tensor(item)]
+            unique = [flat[i] for i in at]   # one input per argument, also when two are one tensor (Note above)
             owned = [v for v in weights if gathering.owns(v)]
             before = [tf.convert_to_tensor(v._value) for v in others]   # Note above: both passes read these
-            prefetch_after = gathering._prefetch_after([flat[i] for i in at])
+            prefetch_after = gathering._prefetch_after(unique)
             autocast = get_autocast_scope()   # the layer's mixed precision, for the backward pass too
-            count = len(at)
+            count = len(unique)
 
             def run(tensors, gathered, record_updates):
                 items = list(flat)
@@ -273,22 +321,24 @@ class WeightGathering:
 
                 def grad(*upstream, variables=None):
                     values = gathering.gather(weights, owned_values, list(upstream), backward=True)
-                    differentiable = [t for t in tensors if t.dtype.is_floating]
+                    # each argument its own tensor, so that each gets its own gradient (MultiHeadAttention(x, x))
+                    arguments = [tf.identity(t) for t in tensors]
+                    differentiable = [t for t in arguments if t.dtype.is_floating]
                     with tf.GradientTape(watch_accessed_variables=False) as tape:
                         tape.watch(differentiable)
                         tape.watch(values)
-                        again, again_losses, _ = run(tensors, values, record_updates=False)
+                        again, again_losses, _ = run(arguments, values, record_updates=False)
                     targets = tf.nest.flatten(again) + again_losses
                     grads = tape.gradient(targets, differentiable + values, output_gradients=list(upstream))
                     by_input = dict(zip(map(id, differentiable), grads[:len(differentiable)]))
-                    input_grads = [by_input.get(id(t)) for t in tensors]
+                    input_grads = [by_input.get(id(t)) for t in arguments]
                     by_weight = gathering.summed_on_owners(grads[len(differentiable):], weights)
                     return (input_grads + [by_weight.get(id(v)) for v in owned] + [tf.zeros([])],
                             [None] * len(variables or []))
 
                 return flat_outputs, grad
 
-            results = unit_function(*[flat[i] for i in at], *[tf.convert_to_tensor(v._value) for v in owned],
+            results = unit_function(*unique, *[tf.convert_to_tensor(v._value) for v in owned],
                                     tf.convert_to_tensor(gathering.anchor))
             results = list(results) if isinstance(results, (list, tuple)) else [results]
             output_count = len(tf.nest.flatten(structure["outputs"]))
@@ -300,6 +350,13 @@ class WeightGathering:
             return tf.nest.pack_sequence_as(structure["outputs"], results[:output_count])
 
         return gathered_call
+
+
+def _token(received: tf.Tensor) -> tf.Tensor:
+    """An int32 scalar computed from a received tensor's data (its first element), which the graph optimiser can
+    neither fold nor compute without the receive."""
+    first = tf.reshape(received, [-1])[:1]
+    return tf.cast(tf.reduce_any(tf.math.is_nan(tf.cast(first, tf.float32))), tf.int32)
 
 
 def _dense(gradient, variable, dtype):

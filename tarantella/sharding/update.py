@@ -1,11 +1,15 @@
-"""ZeRO stages 1 and 2: each rank keeps the optimizer state of its own variables only (shard="optimizer"), and
-also receives only their summed gradients (shard="gradients"); tnt.Model, tnt.shard_optimizer.
+"""ZeRO stages 1-3: each rank keeps the optimizer state of its own variables only (shard="optimizer"), also
+receives only their summed gradients (shard="gradients"), and also holds only their weights (shard="weights");
+tnt.Model, tnt.shard_optimizer.
 
 Note [A sharded update]
 Under shard="optimizer" every rank has the summed gradients of every variable
 (the fused allreduce, as without sharding); under shard="gradients" only its
 own variables' (Note [Gradients summed on their owners] in
-gradients_to_owners.py). The optimizer, the user's unchanged Keras optimizer, is
+gradients_to_owners.py); under shard="weights" too, summed in each layer's
+backward pass, and the new values are not handed over: the other ranks gather
+them when a layer needs them (Note [Weights gathered layer by layer] in
+gathered_weights.py). The optimizer, the user's unchanged Keras optimizer, is
 built on this rank's variables only (Note [Whole variables to owners,
 balanced by bytes] in owners.py), so its slots, EMA copies and gradient
 accumulators exist for them alone: 1/N of the optimizer state per rank. Each

@@ -80,7 +80,7 @@ def test_custom_loop_example_matches_serial(n):
 
 @pytest.mark.multirank
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("n, shard", [(1, "off"), (2, "off"), (3, "optimizer"), (2, "gradients")])
+@pytest.mark.parametrize("n, shard", [(1, "off"), (2, "off"), (3, "optimizer"), (2, "gradients"), (2, "weights")])
 def test_backup_and_restore_resume_is_bitwise_equal(n, shard, tmp_path):
     """The same command twice: the first run is killed (os._exit on every rank) in epoch 3, the second
     resumes from the master's backup and must end with the uninterrupted run's weights, bit for bit; also with

@@ -1,6 +1,7 @@
 """shard="weights" (ZeRO stage 3, issue 21): bitwise unsharded training at 1-4 ranks for four optimizer set-ups,
-a Transformer block, an Embedding, an activity regularizer, mixed precision; each rank holds its own weights only (also when
-built in tnt.deferred_weights()); save, load and resume; refusals (tests/keras/programs/sharded_weights.py)."""
+a Transformer block, an Embedding, an activity regularizer, mixed precision; each rank holds its own weights
+only (also when built in tnt.deferred_weights()); save, load and resume; refusals
+(tests/keras/programs/sharded_weights.py)."""
 import os
 
 import pytest
@@ -12,7 +13,8 @@ SET_UPS = ["SGD with momentum", "AdamW excluding biases from decay", "Adam with 
            "RMSprop with a schedule and EMA"]
 CHECKS = ["evaluate and predict give unsharded's results",
           "a Transformer block (MultiHeadAttention with dropout) trains as unsharded",
-          "an Embedding trains as unsharded", "an activity regularizer trains as unsharded",
+          "an Embedding-fed causal attention block (weights sent by rendezvous) trains as unsharded",
+          "an activity regularizer trains as unsharded",
           "a model built in deferred_weights() holds its share only, starts and trains as serial",
           "save writes one plain .keras file, equal to unsharded training's",
           "a saved model loads sharded and resumes as unsharded", "unsupported uses are refused with one line",

@@ -17,7 +17,7 @@ STEPS = 4
 @pytest.mark.multirank
 @pytest.mark.timeout(270)
 @pytest.mark.parametrize("mode", ["overlap", "no_overlap", "sharded", "sharded_gradients",
-                                  "sharded_gradients_no_overlap"])
+                                  "sharded_gradients_no_overlap", "sharded_weights"])
 def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
     target = tmp_path / "trace.json"
     result = run_ranks(2, PROGRAM, args=[mode], timeout=240, launcher_args=["--timeline", str(target)]).check()
@@ -29,7 +29,8 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
     events = trace["traceEvents"]
     assert {e["pid"] for e in events} == {0, 1}
     thread_names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
-    to_owners_mode = mode.startswith("sharded_gradients")
+    to_owners_mode = mode.startswith("sharded_gradients") or mode == "sharded_weights"
+    gathers_mode = mode == "sharded_weights"
     tracks = ("step", "metrics", "statistics") + (() if to_owners_mode else ("reducer",))
     assert {(r, t) for r in (0, 1) for t in tracks} <= thread_names
     for rank in (0, 1):
@@ -54,19 +55,29 @@ def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
                 assert min(e["ts"] for e in allreduces if e["args"]["bucket"] in gradient_buckets) >= backward["ts"]
             assert any(e["name"] == names.METRIC_ALLREDUCE and e["args"]["step"] == step for e in mine)
             statistics = [e for e in mine if e["name"] == names.STATISTICS_ALLREDUCE and e["args"]["step"] == step]
-            assert len(statistics) == 2 and all(inside(e) for e in statistics), statistics  # forward, backward
+            # forward, backward; with shard="weights" the forward recomputed for the backward pass computes the same
+            # statistics from the same input, which the graph optimiser takes from the forward pass (observed: 2)
+            assert len(statistics) == 2 and all(inside(e) for e in statistics), statistics
             assert sorted(e["args"]["index"] for e in statistics) == [0, 1]
             assert statistics[0]["ts"] + statistics[0]["dur"] <= backward["ts"] + backward["dur"]
             handoffs = [e for e in mine if e["name"] == names.WEIGHT_HANDOFF and e["args"]["step"] == step]
             to_owners = [e for e in mine if e["name"] == names.GRADIENTS_TO_OWNERS and e["args"]["step"] == step]
             if to_owners_mode:  # each rank sends what it does not own, receives for what it owns
-                assert len(to_owners) == 1 and inside(to_owners[0]) and to_owners[0]["ts"] >= backward["ts"]
+                assert len(to_owners) == 1 and inside(to_owners[0])
+                # shard="weights": a layer's backward pass needs its activations, not the loss's mark, so the last
+                # layers' gradients may leave before the `backward` span (which starts at that mark) begins
+                assert gathers_mode or to_owners[0]["ts"] >= backward["ts"]
                 assert to_owners[0]["args"]["transfers"] == 8, to_owners
                 if mode.endswith("no_overlap"):  # no gradient leaves before the last one exists
                     assert to_owners[0]["ts"] >= backward["ts"] + backward["dur"], (to_owners, backward)
             else:
                 assert not to_owners
-            if mode.startswith("sharded"):  # each rank sends what it owns and receives the rest: one per variable
+            gathers = [e for e in mine if e["name"] == names.WEIGHT_GATHERS and e["args"]["step"] == step]
+            if gathers_mode:  # per variable, forward and backward: sent by its owner, received by the other rank
+                assert len(gathers) == 1 and inside(gathers[0]) and gathers[0]["args"]["transfers"] == 16, gathers
+                assert gathers[0]["ts"] < backward["ts"] + backward["dur"], (gathers, backward)
+                assert not handoffs
+            elif mode.startswith("sharded"):  # each rank sends what it owns and receives the rest: one per variable
                 assert len(handoffs) == 1 and inside(handoffs[0]) and handoffs[0]["ts"] >= update["ts"], handoffs
                 assert handoffs[0]["args"]["transfers"] == 8, handoffs  # 3 Dense + BatchNormalization: 8 variables
             else:

@@ -2,9 +2,9 @@
 argv[1]: a directory shared by the ranks. The first launch trains uninterrupted (reference), then trains
 again with BackupAndRestore and kills itself (os._exit, every rank) in epoch 3, batch 2 (a marker file
 says it did). The second, identical launch resumes from the master's backup and compares with the
-reference; one `RESULT <json>` line per rank. With SHARD=optimizer (or gradients) in the environment the model's optimizer
-state is sharded (ZeRO stage 1 or 2): every rank joins the master's backups, and on resume takes its share of the
-restored state from the master."""
+reference; one `RESULT <json>` line per rank. With SHARD=optimizer, gradients or weights in the environment the
+model's training state is sharded (ZeRO stage 1, 2 or 3): every rank joins the master's backups, and on resume
+takes its share of the restored state (and, stage 3, of the weights) from the master."""
 import json
 import os
 import sys

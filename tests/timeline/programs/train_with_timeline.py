@@ -1,6 +1,6 @@
 """Trains a small dense model (with one BatchNormalization layer) for a few steps with the timeline on (launched with --timeline).
 argv[1]: "overlap", "no_overlap", "sharded" (overlap, shard="optimizer"), "sharded_gradients"
-(shard="gradients": no gradient reducer) or "sharded_gradients_no_overlap". A rank prints its reducer's bucket sizes, and which buckets hold gradients, for the test."""
+(shard="gradients": no gradient reducer), "sharded_gradients_no_overlap" or "sharded_weights" (shard="weights"). A rank prints its reducer's bucket sizes, and which buckets hold gradients, for the test."""
 import json
 import sys
 
@@ -21,7 +21,7 @@ hidden = keras.layers.Dense(256, activation="relu")(hidden)
 outputs = keras.layers.Dense(4)(hidden)
 model = tnt.Model(keras.Model(inputs, outputs), overlap_communication=not sys.argv[1].endswith("no_overlap"),
                   shard={"sharded": "optimizer", "sharded_gradients": "gradients",
-                         "sharded_gradients_no_overlap": "gradients"}.get(sys.argv[1]))
+                         "sharded_gradients_no_overlap": "gradients", "sharded_weights": "weights"}.get(sys.argv[1]))
 model.compile(optimizer=keras.optimizers.SGD(0.01), jit_compile=False, metrics=["accuracy"],
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 x = np.random.default_rng(0).normal(size=(64 * 4, 32)).astype("float32")
