@@ -247,7 +247,9 @@ class WeightGathering:
         """Traced, the same call on every rank: each variable's value, sent by its owner (whose `owned_values`
         hold it) to every other rank; the receives are posted once `after` exists."""
         channels = self._channels
-        with tf.control_dependencies(tf.nest.flatten(after)):  # Note [A receive waits for its data only]
+        # A read of a variable nobody writes, after `after`: a read of the send counter would also wait for every
+        # send counted before it to complete (automatic control dependencies order it after those writes).
+        with tf.control_dependencies(tf.nest.flatten(after)):
             posted = tf.identity(self._gate.read_value())
         values, tokens = [], []
         for variable in variables:
