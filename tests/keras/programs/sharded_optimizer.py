@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 import tarantella as tnt
+from optimizer_set_ups import SET_UPS as COMMON_SET_UPS
 
 tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
 
@@ -42,18 +43,8 @@ def build():
                              keras.layers.Dense(17, activation="tanh"), keras.layers.Dense(3)])
 
 
-def adamw_without_bias_decay():
-    optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.05)
-    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
-    return optimizer
-
-
 SET_UPS = {
-    "SGD with momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
-    "AdamW excluding biases from decay": adamw_without_bias_decay,
-    "Adam with global_clipnorm": lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.05),
-    "RMSprop with a schedule and EMA": lambda: keras.optimizers.RMSprop(
-        keras.optimizers.schedules.ExponentialDecay(0.01, 2, 0.5), use_ema=True, ema_overwrite_frequency=3),
+    **COMMON_SET_UPS,
     "SGD accumulating 2 steps, clipnorm": lambda: keras.optimizers.SGD(0.05, clipnorm=0.1,
                                                                       gradient_accumulation_steps=2),
     "LossScaleOptimizer(Adam, global_clipnorm)": lambda: keras.optimizers.LossScaleOptimizer(

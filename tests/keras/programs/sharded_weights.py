@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 import tarantella as tnt
+from optimizer_set_ups import SET_UPS
 from tarantella.pipeline import stage_state
 
 tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
@@ -53,21 +54,6 @@ def with_activity_regularizer():
     return keras.Sequential([keras.Input((10,)), keras.layers.Dense(24, activation="relu",
                                                                    activity_regularizer=keras.regularizers.L2(0.01)),
                              keras.layers.Dense(3)])
-
-
-def adamw_without_bias_decay():
-    optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.05)
-    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
-    return optimizer
-
-
-SET_UPS = {
-    "SGD with momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
-    "AdamW excluding biases from decay": adamw_without_bias_decay,
-    "Adam with global_clipnorm": lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.05),
-    "RMSprop with a schedule and EMA": lambda: keras.optimizers.RMSprop(
-        keras.optimizers.schedules.ExponentialDecay(0.01, 2, 0.5), use_ema=True, ema_overwrite_frequency=3),
-}
 
 
 def train(model, make_optimizer, inputs=None, epochs=2):
