@@ -34,6 +34,8 @@ _LAZY = {
     "distribute_dataset": ("tarantella.keras.custom_loop", "distribute_dataset"),
     "broadcast_variables": ("tarantella.keras.custom_loop", "broadcast_variables"),
     "shard_optimizer": ("tarantella.sharding.update", "shard_optimizer"),
+    "shard_weights": ("tarantella.keras.custom_loop", "shard_weights"),
+    "gathered_gradients": ("tarantella.keras.custom_loop", "gathered_gradients"),
     "distribute_datasets_from_function": ("tarantella.data.from_function", "distribute_datasets_from_function"),
 }
 
@@ -58,5 +60,5 @@ __all__ = [
     "MismatchError", "CollectiveTimeoutError", "EngineError", "GroupFailedError",
     "Model", "ParallelStrategy", "models", "keras", "data", "pipeline", "deferred_weights", "set_deterministic",
     "reduce_gradients", "distribute_dataset", "broadcast_variables", "distribute_datasets_from_function",
-    "shard_optimizer", "__version__",
+    "shard_optimizer", "shard_weights", "gathered_gradients", "__version__",
 ]

@@ -19,9 +19,28 @@ ranks (Horovod's DistributedGradientTape). The reduction runs in the fused
 reducer, its buckets starting while backprop still runs, as in fit. A rank
 whose micro-batch is empty must still call the step (it is a collective); keep
 Keras layers away from 0-sample batches there (Note [Empty micro-batches]).
+
+ZeRO stage 3 in a custom loop: each rank holds its own share of the weights (Note [Weights gathered layer by
+layer] in tarantella/sharding/gathered_weights.py), the backward pass sums each gradient on its owner, and the
+sharded optimizer updates the owned weights:
+
+    weights = tnt.shard_weights(model)                       # a built model; every rank starts from the master's
+    optimizer = tnt.shard_optimizer(keras.optimizers.Adam(), model.trainable_variables, mode="weights")
+    @tf.function
+    def step(batch, share):
+        x, y = batch
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tnt.gathered_gradients(tape, loss, model.trainable_variables, share=share)
+        optimizer.apply(grads, model.trainable_variables)
+    ...
+    values = weights.whole_values()                          # a collective: every weight, on every rank
+    with weights.whole_on(0):                                # a collective: rank 0 holds every weight inside
+        if tnt.is_master_rank(): model.save("model.keras")
 """
 from __future__ import annotations
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -29,9 +48,10 @@ from tarantella import collectives, runtime
 from tarantella.data import distributed_dataset, user_input
 from tarantella.keras import gradient_reduction, sparse_gradients
 from tarantella.keras.graph_allreduce import GraphAllreducer
-from tarantella.sharding import update as sharding_update
+from tarantella.pipeline import stage_state
+from tarantella.sharding import gathered_weights, update as sharding_update
 
-__all__ = ["distribute_dataset", "reduce_gradients", "broadcast_variables"]
+__all__ = ["distribute_dataset", "reduce_gradients", "broadcast_variables", "shard_weights", "gathered_gradients"]
 
 # One reducer per list of shapes and dtypes, created on first use (every rank traces the same steps in the
 # same order, so they are created collectively) and kept for the life of the process.
@@ -99,7 +119,49 @@ def _allreducer_for(tensors) -> GraphAllreducer:
 def broadcast_variables(variables, root: int | None = None) -> None:
     """Give every rank root's values of `variables` (eagerly; a collective: call it on every rank)."""
     root = runtime.get_master_rank() if root is None else root
+    variables = list(variables)
+    sharded = [v.path for v in variables if stage_state.is_released(v)]
+    if sharded:
+        raise ValueError(f"tarantella: {sharded[:3]} are held by their owners only (tnt.shard_weights); "
+                         f"tnt.shard_weights starts every rank from the master's values itself, broadcast before it")
     for variable in variables:
         value = collectives.broadcast(np.array(variable.numpy(), copy=True), root=root)
         if runtime.get_rank() != root:
             variable.assign(value)
+
+
+def shard_weights(model: keras.Model) -> gathered_weights.WeightGathering:
+    """ZeRO stage 3 for a custom loop (a collective, on every rank alike): from now on each rank holds the weights
+    it owns only (whole variables, balanced by bytes), every rank starting from the master's values (or, built in
+    tnt.deferred_weights(), from serial Keras's initial values), and each layer gathers its weights from their
+    owners when it runs (Note [Weights gathered layer by layer]). Train it with tnt.gathered_gradients and an
+    optimizer sharded with tnt.shard_optimizer(optimizer, model.trainable_variables, mode="weights").
+    Returns the model's WeightGathering: whole_values() (every weight on every rank, a collective) and
+    whole_on(root) (a collective context in which `root` holds every weight, to save the model)."""
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"tarantella: shard_weights shards a keras.Model's weights, got {type(model).__name__}")
+    if getattr(model, "_tnt_weight_gathering", None) is not None:
+        return model._tnt_weight_gathering
+    gathering = gathered_weights.shard_weights(model, runtime.get_rank(), runtime.get_size())
+    model._tnt_weight_gathering = gathering
+    return gathering
+
+
+@tf.autograph.experimental.do_not_convert
+def gathered_gradients(tape, loss, variables, share=None) -> list:
+    """ZeRO stage 3's reduce_gradients: for a model sharded by tnt.shard_weights, the gradients of share * loss
+    summed over the ranks for the `variables` this rank owns (summed in the model's backward pass, on their
+    owners), None for the others; the sharded optimizer's apply takes them as they are. Call it, on every rank
+    alike, inside a tf.function after the tape's block; `share` as in reduce_gradients (default 1 / ranks: the
+    mean). The share scales the loss's gradient before backprop (as tnt.Model's steps do), not the summed
+    gradients: same values, rounded once more or less than reduce_gradients' share * sum."""
+    variables = list(variables)
+    gathering = gathered_weights.gathering_of(variables)
+    if gathering is None:
+        raise ValueError("tarantella: gathered_gradients gives the gradients of a model sharded by "
+                         "tnt.shard_weights(model), and these variables are not; use tnt.reduce_gradients")
+    if share is None:
+        share = tf.constant(1.0 / runtime.get_size())
+    loss = tf.convert_to_tensor(loss)
+    return gathering.gradients(tape, loss, variables, output_gradients=tf.fill(tf.shape(loss),
+                                                                                tf.cast(share, loss.dtype)))

@@ -90,7 +90,9 @@ class Model(keras.Model):
     shard="optimizer": each rank keeps the optimizer state of its own share of the variables only (ZeRO stage 1,
     Note [A sharded update] in tarantella/sharding/update.py); "gradients": it also receives only their summed
     gradients (stage 2, Note [Gradients summed on their owners] in tarantella/sharding/gradients_to_owners.py);
-    None: the launcher's --shard (default off)."""
+    "weights": it also holds only their weights, which each layer gathers when it runs (stage 3, Note [Weights
+    gathered layer by layer] in tarantella/sharding/gathered_weights.py); None: the launcher's --shard (default
+    off). Not with pipelining."""
 
     # What tnt-repro's records call this model's strategy (read there without importing this module).
     tnt_strategy = "data parallel (tnt.Model)"
@@ -103,6 +105,12 @@ class Model(keras.Model):
                 raise ValueError(f"tarantella: pipelining cuts the model into stages and runs its own schedule, so "
                                  f"{type(model).__name__}'s {', '.join(user_steps.overridden(model))} cannot be kept; "
                                  f"use ParallelStrategy.DATA for a model with its own training logic")
+            shard = sharding.resolve_mode(kwargs.pop("shard", None))
+            if shard is not None and runtime.get_size() > 1:
+                raise ValueError(f"tarantella: shard={shard!r} (or the launcher's --shard) shards data parallelism's "
+                                 f"training state, which is not available with pipelining (PIPELINING or ALL) in "
+                                 f"this release: each stage's ranks hold that stage's state; drop shard, or use "
+                                 f"ParallelStrategy.DATA")
             if runtime.get_size() == 1:  # Note [A pipelined model on one rank]
                 _log_one_rank_pipeline(kwargs)
                 return super().__new__(cls)
@@ -244,7 +252,9 @@ class Model(keras.Model):
     def _shard_weights(self, model):
         if self._own_logic:
             raise ValueError(f"tarantella: shard='weights' with {type(model).__name__}'s own training logic is not "
-                             f"available in this release; use shard='gradients'")
+                             f"available in this release (its tape would be asked about weights this rank does not "
+                             f"hold); use shard='gradients', or write the step as a custom loop with "
+                             f"tnt.shard_weights and tnt.gathered_gradients")
         self._weights_synchronized = True   # every rank takes its own weights from the master's (below)
         return gathered_weights.shard_weights(model, runtime.get_rank(), self.world_size)
 

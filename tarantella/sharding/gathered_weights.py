@@ -93,7 +93,7 @@ from tarantella.sharding.owners import assign_owners, describe, variable_bytes
 from tarantella.sharding.send_counter import SendCounter
 from tarantella.timeline import graph_marks
 
-__all__ = ["units_of", "check_gatherable", "WeightGathering", "shard_weights"]
+__all__ = ["units_of", "check_gatherable", "WeightGathering", "shard_weights", "gathering_of"]
 
 logger = logging.getLogger("tarantella")
 
@@ -226,16 +226,23 @@ class WeightGathering:
         gathered = dict(zip(map(id, self.variables), self.whole_values()))
         return [gathered[id(v)] if id(v) in gathered else v.numpy() for v in model_weights]
 
-    def gradients(self, tape, target, variables: list) -> list:
-        """The tape's gradients of `target` for the variables this rank owns (summed over the ranks by the
-        units' backward passes), None for the others (it holds no storage a tape could watch)."""
+    def gradients(self, tape, target, variables: list, output_gradients=None) -> list:
+        """The tape's gradients of `target` (times `output_gradients`, as tape.gradient takes them) for the
+        variables this rank owns (summed over the ranks by the units' backward passes), None for the others (it
+        holds no storage a tape could watch)."""
         owned = [v for v in variables if self.owns(v)]
-        gradients = tape.gradient(target, owned + [self.anchor])[:-1]   # Note [Every rank runs ...]
+        gradients = tape.gradient(target, owned + [self.anchor],   # Note [Every rank runs ...]
+                                  output_gradients=output_gradients)[:-1]
         by_variable = dict(zip(map(id, owned), gradients))
         return [by_variable.get(id(v)) for v in variables]
 
     def owns(self, variable) -> bool:
         return self._owner_and_tag[id(variable)][0] == self.rank
+
+    def owner_of(self, variable) -> int | None:
+        """The rank that holds `variable`, None if it is not one of the gathered weights."""
+        owner_and_tag = self._owner_and_tag.get(id(variable))
+        return None if owner_and_tag is None else owner_and_tag[0]
 
     def install(self, units: list) -> None:
         """Each unit's call runs gathered from now on (Note above)."""
@@ -400,5 +407,14 @@ def shard_weights(model, rank: int, size: int) -> WeightGathering:
     logger.info("tarantella: shard='weights': %s, %d layers gathered per pass",
                 describe([variable_bytes(v) for v in variables], owners, size), len(units))
     gathering = WeightGathering(variables, owners, rank, size)
-    gathering.install(units)
+    if size > 1:   # one rank holds every weight: its layers run as they are
+        gathering.install(units)
+    for variable in variables:
+        variable._tnt_gathering = gathering
     return gathering
+
+
+def gathering_of(variables: list) -> WeightGathering | None:
+    """The gathering of a model sharded by shard_weights whose weights `variables` are (some of), else None."""
+    gatherings = {id(g): g for g in (getattr(v, "_tnt_gathering", None) for v in variables) if g is not None}
+    return next(iter(gatherings.values())) if len(gatherings) == 1 else None

@@ -55,6 +55,7 @@ from tarantella import collectives, config, runtime
 from tarantella.keras.distributed_optimizer import unscaled_optimizer
 from tarantella.pipeline import channels
 from tarantella.keras.blocking_allreduce import BlockingAllreduce
+from tarantella.sharding import gathered_weights
 from tarantella.sharding.gradients_to_owners import GradientsToOwners
 from tarantella.sharding.handoff import WeightHandoff
 from tarantella.sharding.owners import assign_owners, describe, variable_bytes
@@ -95,6 +96,8 @@ class ShardedUpdate:
         self.owned = [v for v, owner in zip(self.variables, self.owners) if owner == rank]
         self._owner_and_tag = {id(v): (owner, tag) for tag, (v, owner) in enumerate(zip(self.variables, self.owners))}
         _check_shardable(optimizer, self.variables, size, mode)
+        if mode == "weights" and size > 1:
+            _check_held_by_owners(self.variables, self.owners)
         logger.info("tarantella: shard=%r: %s", mode, describe(sizes, self.owners, size))
         inner = unscaled_optimizer(optimizer)
         # Note [A sharded update]: the whole model's norm is taken here, not by the optimizer.
@@ -184,17 +187,15 @@ class ShardedUpdate:
 
 def shard_optimizer(optimizer, variables=None, mode: str = "optimizer"):
     """Keep only this rank's share of `optimizer`'s state (ZeRO stage 1), in place; returns the optimizer. With
-    mode="gradients" (stage 2) its gradients are summed on their owners only (reduction_to_owners).
+    mode="gradients" (stage 2) its gradients are summed on their owners only (reduction_to_owners); with
+    mode="weights" (stage 3) it updates the weights of a model sharded by tnt.shard_weights, whose gradients
+    tnt.gathered_gradients gives (tarantella/keras/custom_loop.py).
 
     Its build(variables) (Keras's, or the first apply's) builds it on this rank's share of them (Note [Whole
     variables to owners, balanced by bytes] in owners.py), and its apply(grads, variables), given gradients
     already summed over the ranks (tnt.reduce_gradients in a custom loop; tnt.Model's steps), updates this rank's
     share and hands the new values to every rank (Note [A sharded update]). With `variables` it is built at once
     (a collective: every rank, same variables, same order); otherwise when Keras builds it, on every rank alike."""
-    if mode == "weights":
-        raise ValueError("tarantella: shard='weights' (ZeRO stage 3) gathers each layer's weights inside the model's "
-                         "calls, which a custom loop's model does not do; use tnt.Model(model, shard='weights'), or "
-                         "mode='gradients' here")
     return _shard(optimizer, variables, mode)
 
 
@@ -294,6 +295,17 @@ def _check_shardable(optimizer, variables: list, size: int, mode: str = "optimiz
     if optimizer.built:
         raise ValueError(f"tarantella: shard={mode!r} builds the optimizer on this rank's variables only, and "
                          f"{type(optimizer).__name__} is already built; shard a new optimizer")
+
+
+def _check_held_by_owners(variables: list, owners: list) -> None:
+    """shard="weights": each variable's owner here must be the rank that holds it (gathered_weights.py draws them
+    by the same rule from the model's trainable variables; another list of variables would draw other owners)."""
+    gathering = gathered_weights.gathering_of(variables)
+    stray = [v.path for v, owner in zip(variables, owners) if gathering is None or gathering.owner_of(v) != owner]
+    if stray:
+        raise ValueError(f"tarantella: shard='weights' updates the weights of a model sharded by "
+                         f"tnt.shard_weights(model) (or tnt.Model(model, shard='weights')), built on all its "
+                         f"trainable variables in their order; {stray[:3]} are not held that way")
 
 
 def _finalize_owned_only(optimizer, update: ShardedUpdate) -> None:

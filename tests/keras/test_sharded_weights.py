@@ -17,7 +17,9 @@ CHECKS = ["evaluate and predict give unsharded's results",
           "an activity regularizer trains as unsharded",
           "a model built in deferred_weights() holds its share only, starts and trains as serial",
           "save writes one plain .keras file, equal to unsharded training's",
-          "a saved model loads sharded and resumes as unsharded", "unsupported uses are refused with one line",
+          "a saved model loads sharded and resumes as unsharded",
+          "a custom loop with tnt.shard_weights and tnt.gathered_gradients trains as unsharded",
+          "unsupported uses are refused with one line",
           "mixed_float16 with a LossScaleOptimizer and op determinism train as unsharded", "done"]
 
 

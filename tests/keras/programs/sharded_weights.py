@@ -12,6 +12,7 @@ test_own_training_logic.py), and the refusals. Prints "OK <check>".
 Grappler's arithmetic optimizer is off, as in sharded_optimizer.py (it rewrites a schedule's tensor by how many
 updates consume it).
 """
+import contextlib
 import os
 import tempfile
 
@@ -174,6 +175,43 @@ assert_bitwise(resumed_unsharded.get_weights(), resumed_sharded.get_weights(), "
 print("OK a saved model loads sharded and resumes as unsharded", flush=True)
 
 
+# A custom loop: tnt.shard_weights, tnt.gathered_gradients and the optimizer sharded with mode="weights", against
+# the same loop unsharded (tnt.reduce_gradients of the gradients of share x loss, as gathered_gradients scales).
+def custom_loop(sharded: bool):
+    keras.utils.set_random_seed(7)
+    with tnt.deferred_weights() if sharded else contextlib.nullcontext():   # built as serial Keras builds it
+        model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(33, activation="relu"),
+                                  keras.layers.Dense(17, activation="tanh"), keras.layers.Dense(3)])
+    if sharded:
+        weights = tnt.shard_weights(model)
+        assert_holds_own_share(model, "a custom loop's model")
+    optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.05)
+    if sharded:
+        tnt.shard_optimizer(optimizer, model.trainable_variables, mode="weights")
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(batch, share):
+        inputs, targets = batch
+        with tf.GradientTape() as tape:
+            loss = loss_fn(targets, model(inputs, training=True))
+        if sharded:
+            gradients = tnt.gathered_gradients(tape, loss, model.trainable_variables, share=share)
+        else:
+            gradients = tnt.reduce_gradients(tape.gradient(loss, model.trainable_variables, output_gradients=share),
+                                             model.trainable_variables, share=1.0)
+        optimizer.apply(gradients, model.trainable_variables)
+
+    for _ in range(2):
+        for batch, share in tnt.distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)):
+            step(batch, share)
+    return weights.whole_values() if sharded else model.get_weights()
+
+
+assert_bitwise(custom_loop(sharded=False), custom_loop(sharded=True), "a custom loop sharded 'weights'")
+print("OK a custom loop with tnt.shard_weights and tnt.gathered_gradients trains as unsharded", flush=True)
+
+
 def refused(make, words):
     try:
         make()
@@ -196,7 +234,12 @@ if size > 1:
     refused(lambda: tnt.Model(regularized(), shard="weights"), "weight regularizers")
     plain = build()
     refused(lambda: tnt.Model(OwnStep(plain.inputs, plain.outputs), shard="weights"), "own training logic")
-    refused(lambda: tnt.shard_optimizer(keras.optimizers.Adam(), mode="weights"), "tnt.Model(model, shard='weights')")
+    refused(lambda: tnt.shard_optimizer(keras.optimizers.Adam(), build().trainable_variables, mode="weights"),
+            "tnt.shard_weights(model)")
+    refused(lambda: tnt.gathered_gradients(None, 0.0, build().trainable_variables), "use tnt.reduce_gradients")
+    refused(lambda: tnt.Model(build(), parallel_strategy=tnt.ParallelStrategy.ALL, shard="optimizer"),
+            "not available with pipelining")
+    refused(lambda: tnt.broadcast_variables(tnt.Model(build(), shard="weights").variables), "broadcast before it")
     refused(lambda: tnt.Model(keras.Sequential([keras.layers.Dense(3)]), shard="weights"), "is not built")
 print("OK unsupported uses are refused with one line", flush=True)
 
