@@ -134,6 +134,11 @@ SETTINGS: tuple[Setting, ...] = (
             "summed gradients), weights (stage 3: and only its own weights, gathered layer by layer for each "
             "pass); empty or off: every rank keeps all of it "
             "(tnt.Model's shard= argument overrides it; Note [A sharded update] in tarantella/sharding/update.py)"),
+    Setting("shard_spread_kb", "TNT_SHARD_SPREAD_KB", "--shard-spread", 256, _parse_non_negative_int, "KiB",
+            "with --shard from 3 ranks: a variable of at least this size is handed over, gathered and summed on "
+            "its owner in parts relayed by every other rank, so no rank's link carries more than about its bytes "
+            "whatever the rank count; smaller ones go whole, directly (Note [Spread transfers] in "
+            "tarantella/sharding/spread_transfers.py)"),
     Setting("timeline", "TNT_TIMELINE", "--timeline", "", _parse_timeline_path, "",
             "write a Chrome/Perfetto trace of the training (steps, backward pass, per-bucket allreduce, "
             "optimizer update, metric reduction, pipeline passes) to this file, merged from every rank at "
@@ -157,10 +162,15 @@ class Config:
     memory_budget_bytes: int = 0
     timeline: str = ""
     shard: str = ""
+    shard_spread_kb: int = 256
 
     @property
     def fusion_threshold_bytes(self) -> int:
         return self.fusion_threshold_kb * 1024
+
+    @property
+    def shard_spread_bytes(self) -> int:
+        return self.shard_spread_kb * 1024
 
 
 def load_config(environ: Mapping[str, str] | None = None) -> Config:

@@ -6,10 +6,7 @@
 The model is built in tnt.deferred_weights() (no weight takes memory before tnt.Model gives storage to those
 this rank holds: all of them, or its own with shard="weights") and trained data-parallel by
 tnt.Model(shard=...) with Adam for `steps` steps of the global batch:
-- mlp: `depth` x Dense(width) and Dense(10), on random vectors;
-- transformer: a decoder-style language model of Keras layers: Embedding(8000, width), `depth` blocks of
-  MultiHeadAttention (width / 64 heads of 64, causal) and a feed-forward Dense(4 width) - Dense(width), each
-  with a residual and LayerNormalization, and Dense(8000) logits; 32 tokens per sample, random tokens.
+bench/sharding/models.py's mlp or transformer.
 Rank 0 prints one RESULT line (JSON) with every rank's figures:
 - optimizer_state_mib: the bytes of the rank's optimizer variables (slots, iteration count), exact;
 - gradient_memory_mib: the bytes the gradient reduction holds for the optimizer, by the engine's layout, not
@@ -40,6 +37,7 @@ import keras
 import tarantella as tnt
 from tarantella import memory_budget
 from tarantella.pipeline import stage_state
+from bench.sharding import models
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--shard", default="off")
@@ -64,41 +62,15 @@ class StepTimes(keras.callbacks.Callback):
         self.times.append(time.perf_counter() - self._began)
 
 
-VOCABULARY, TOKENS = 8000, 32
-
-
-def mlp() -> keras.Model:
-    layers = [keras.Input((args.width,))] + [keras.layers.Dense(args.width, activation="relu")
-                                             for _ in range(args.depth)]
-    return keras.Sequential(layers + [keras.layers.Dense(10)])
-
-
-def transformer() -> keras.Model:
-    tokens = keras.Input((TOKENS,), dtype="int32")
-    hidden = keras.layers.Embedding(VOCABULARY, args.width)(tokens)
-    for _ in range(args.depth):
-        attended = keras.layers.MultiHeadAttention(args.width // 64, 64)(hidden, hidden, use_causal_mask=True)
-        hidden = keras.layers.LayerNormalization()(hidden + attended)
-        fed = keras.layers.Dense(args.width)(keras.layers.Dense(4 * args.width, activation="gelu")(hidden))
-        hidden = keras.layers.LayerNormalization()(hidden + fed)
-    return keras.Model(tokens, keras.layers.Dense(VOCABULARY)(hidden))
-
-
 rank, size = tnt.get_rank(), tnt.get_size()
-rng = np.random.default_rng(0)
 samples = args.batch * args.steps
-if args.model == "mlp":
-    x = rng.standard_normal((samples, args.width)).astype(np.float32)
-    y = rng.integers(0, 10, samples).astype(np.int32)
-else:
-    x = rng.integers(0, VOCABULARY, (samples, TOKENS)).astype(np.int32)
-    y = rng.integers(0, VOCABULARY, (samples, TOKENS)).astype(np.int32)
+x, y = models.random_data(args.model, args.width, samples)
 load_before = os.getloadavg()
 baseline = memory_budget.reset_peak_resident() / MIB   # making the data peaked higher: not the model's
 
 keras.utils.set_random_seed(1)
 with tnt.deferred_weights():
-    built = mlp() if args.model == "mlp" else transformer()
+    built = models.build(args.model, args.width, args.depth)
 model = tnt.Model(built, shard=args.shard)
 model.compile(optimizer=keras.optimizers.Adam(1e-4),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))

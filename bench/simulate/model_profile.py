@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-__all__ = ["layer_costs", "gradient_timeline", "batch_norm_layers", "measure_phases", "save_profile",
+__all__ = ["layer_costs", "gradient_timeline", "batch_norm_layers", "measure_phases", "median_time", "save_profile",
            "load_profile"]
 
 _ELEMENTWISE_COST = 8.0   # flop-equivalents per output element for memory-bound work, fwd+bwd
@@ -110,7 +110,7 @@ def _position(model, path):
     return -1
 
 
-def _median_time(fn, repeats: int) -> float:
+def median_time(fn, repeats: int) -> float:
     fn()  # trace and warm up
     times = []
     for _ in range(repeats):
@@ -137,12 +137,14 @@ def measure_phases(model, loss_fn, inputs, labels, repeats: int = 3) -> dict:
         return tape.gradient(loss, model.trainable_variables)
 
     def run(fn, x, y):
-        return lambda: tf.nest.map_structure(lambda t: t.numpy(), fn(x, y))
+        # an Embedding's gradient is tf.IndexedSlices: its values are what backprop computed
+        return lambda: tf.nest.map_structure(
+            lambda t: (t.values if isinstance(t, tf.IndexedSlices) else t).numpy(), fn(x, y))
 
     half = tf.nest.map_structure(lambda a: a[:max(len(a) // 2, 1)], (inputs, labels))
-    forward_s = _median_time(run(forward, inputs, labels), repeats)
-    forward_backward_s = _median_time(run(forward_backward, inputs, labels), repeats)
-    half_s = _median_time(run(forward_backward, *half), repeats)
+    forward_s = median_time(run(forward, inputs, labels), repeats)
+    forward_backward_s = median_time(run(forward_backward, inputs, labels), repeats)
+    half_s = median_time(run(forward_backward, *half), repeats)
     return {"forward_s": forward_s, "backward_s": max(forward_backward_s - forward_s, 0.0),
             "forward_backward_s": forward_backward_s, "forward_backward_half_s": half_s,
             "half_batch": int(len(half[1]))}

@@ -41,7 +41,8 @@ from bench.simulate.compute_model import rank_compute
 from bench.simulate.stragglers import measured_cv, straggler_factor
 from tarantella.batch_norm_allreduces import allreduce_values
 
-__all__ = ["Bucket", "lay_out_buckets", "StepPrediction", "predict_step", "straggler_cv"]
+__all__ = ["Bucket", "lay_out_buckets", "StepPrediction", "predict_step", "straggler_cv", "RankPhases",
+           "rank_phases", "host_copy_time"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +88,7 @@ def straggler_cv(profile: dict, cluster: ClusterProfile) -> float:
     return measured_cv(profile.get("step_times_s", []))
 
 
-def _copy_s(nbytes: int, cluster: ClusterProfile, devices: int) -> float:
+def host_copy_time(nbytes: int, cluster: ClusterProfile, devices: int) -> float:
     if cluster.kind == "gpu" and cluster.host_link is not None:
         return cluster.host_link.time(nbytes)
     bandwidth = cluster.rank_memory_Bps(cluster.ranks_sharing(devices))
@@ -106,13 +107,22 @@ def statistics_cost(profile: dict, cluster: ClusterProfile, devices: int, algori
     return forward, backward, count
 
 
-def predict_step(profile: dict, cluster: ClusterProfile, micro_batch: int, devices: int,
-                 algorithm: str | None = None, exchange_gradients: bool = True,
-                 real_data: bool = False, global_batch_norm: bool = True,
-                 precision: str = "float32") -> StepPrediction:
-    """The step time; exchange_gradients=False for the keras baseline, whose ranks share nothing;
-    global_batch_norm=False for batch_norm="local"."""
-    algorithm = algorithm or cluster.algorithm
+@dataclasses.dataclass(frozen=True)
+class RankPhases:
+    """One rank's forward, backward and update, the straggler factor applied, with the input pipeline's cost
+    and the blocking BatchNormalization statistics allreduces inside forward and backward."""
+    forward_s: float
+    backward_s: float
+    update_s: float
+    statistics_forward_s: float
+    statistics_backward_s: float
+    statistics_allreduces: int
+    straggler_factor: float
+    rank: object                    # compute_model.RankCompute
+
+
+def rank_phases(profile: dict, cluster: ClusterProfile, micro_batch: int, devices: int, algorithm: str,
+                real_data: bool, global_statistics: bool, precision: str) -> RankPhases:
     rank = rank_compute(profile, cluster, micro_batch, devices, real_data, precision)
     factor = straggler_factor(straggler_cv(profile, cluster), devices)
     forward, backward, update = rank.forward_s * factor, rank.backward_s * factor, rank.update_s * factor
@@ -120,19 +130,34 @@ def predict_step(profile: dict, cluster: ClusterProfile, micro_batch: int, devic
         forward += rank.input_s
     else:
         forward += max(0.0, rank.input_s - (forward + backward + update))
-    exchanging = exchange_gradients and devices > 1
     statistics_forward = statistics_backward = 0.0
     statistics = 0
-    if exchanging and global_batch_norm:
+    if global_statistics and devices > 1:
         statistics_forward, statistics_backward, statistics = statistics_cost(profile, cluster, devices, algorithm)
-        forward, backward = forward + statistics_forward, backward + statistics_backward
+    return RankPhases(forward + statistics_forward, backward + statistics_backward, update, statistics_forward,
+                      statistics_backward, statistics, factor, rank)
+
+
+def predict_step(profile: dict, cluster: ClusterProfile, micro_batch: int, devices: int,
+                 algorithm: str | None = None, exchange_gradients: bool = True,
+                 real_data: bool = False, global_batch_norm: bool = True,
+                 precision: str = "float32") -> StepPrediction:
+    """The step time; exchange_gradients=False for the keras baseline, whose ranks share nothing;
+    global_batch_norm=False for batch_norm="local"."""
+    algorithm = algorithm or cluster.algorithm
+    exchanging = exchange_gradients and devices > 1
+    phases = rank_phases(profile, cluster, micro_batch, devices, algorithm, real_data,
+                         exchanging and global_batch_norm, precision)
+    forward, backward, update = phases.forward_s, phases.backward_s, phases.update_s
+    statistics_forward, statistics_backward = phases.statistics_forward_s, phases.statistics_backward_s
+    rank, factor, statistics = phases.rank, phases.straggler_factor, phases.statistics_allreduces
     buckets = lay_out_buckets(profile["gradients"], cluster.fusion_threshold_bytes)
     copies = exchanging and cluster.host_copies
     out = end = back = 0.0
     communication = copied = 0.0
     for bucket in buckets if exchanging else []:
         ready = forward + backward * (bucket.ready_fraction if cluster.overlap else 1.0)
-        copy = _copy_s(bucket.nbytes, cluster, devices) if copies else 0.0
+        copy = host_copy_time(bucket.nbytes, cluster, devices) if copies else 0.0
         out = max(ready, out) + copy
         cost = allreduce_time(bucket.nbytes, devices, cluster, algorithm)
         end = max(out, end) + cost

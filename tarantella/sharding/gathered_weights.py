@@ -91,6 +91,7 @@ from tarantella.pipeline import channels as peer_channels, stage_state
 from tarantella.sharding.gradients_to_owners import GradientsToOwners
 from tarantella.sharding.owners import assign_owners, describe, variable_bytes
 from tarantella.sharding.send_counter import SendCounter
+from tarantella.sharding.spread_transfers import SpreadTransfers, data_token
 from tarantella.timeline import graph_marks
 
 __all__ = ["units_of", "check_gatherable", "WeightGathering", "shard_weights", "gathering_of"]
@@ -146,8 +147,10 @@ class WeightGathering:
         # Storage dtypes, taken outside any AutocastScope (in which a variable reports its compute dtype)
         self._dtype = {id(v): tf.as_dtype(v.dtype) for v in variables}
         self._channels = peer_channels.open_channels()
+        self._spread = SpreadTransfers(rank, size, self._channels, graph_marks.GATHERED)
         self._backward_tags = len(variables)   # a backward pass's tags follow the forward pass's
-        self.to_owners = GradientsToOwners(rank, size, peer_channels.open_channels())
+        self.to_owners = GradientsToOwners(rank, size, peer_channels.open_channels(),
+                                           sum(variable_bytes(v) for v in variables))
         self.sends = SendCounter("tnt_gathered_weight_sends")
         self._gate = tf.Variable(0, dtype=tf.int32, trainable=False, name="tnt_gather_gate")  # never written
         # Note [Every rank runs every unit's backward pass]
@@ -259,26 +262,38 @@ class WeightGathering:
         # send counted before it to complete (automatic control dependencies order it after those writes).
         with tf.control_dependencies(tf.nest.flatten(after)):
             posted = tf.identity(self._gate.read_value())
-        values, tokens = [], []
+        values, tokens, received = [], [], []
         for variable in variables:
             owner, tag = self._owner_and_tag[id(variable)]
+            tag += self._backward_tags * backward
+            dtype = self._dtype[id(variable)]
+            parts = self._spread.parts(variable.shape, dtype)
+            if parts is not None:   # Note [Spread transfers]: through every rank
+                value = None
+                if owner == self.rank:
+                    with tf.control_dependencies([posted]):   # sent when the receivers post (Note above)
+                        value = tf.identity(owned_values[id(variable)])
+                value, sends, receive_tokens = self._spread.broadcast(value, owner, tuple(variable.shape), dtype,
+                                                                      tag, posted, parts)
+                values.append(value if owner != self.rank else owned_values[id(variable)])
+                tokens.extend(sends)
+                received.extend(receive_tokens)
+                continue
             if owner == self.rank:
                 value = owned_values[id(variable)]
                 with tf.control_dependencies([posted]):   # sent when the receivers post (Note above)
                     sent = tf.identity(value)
                 for peer in range(self.size):
                     if peer != self.rank:
-                        token = unchained(self._ops.tnt_send(sent, channels=channels.id, peer=peer,
-                                                             tag=tag + self._backward_tags * backward))
+                        token = unchained(self._ops.tnt_send(sent, channels=channels.id, peer=peer, tag=tag))
                         tokens.append(graph_marks.mark(token, graph_marks.GATHERED))  # timeline only
                 values.append(value)
             else:
                 values.append(graph_marks.mark(unchained(self._ops.tnt_receive(
-                    posted, T=self._dtype[id(variable)], shape=tuple(variable.shape), channels=channels.id,
-                    peer=owner, tag=tag + self._backward_tags * backward)), graph_marks.GATHERED))  # timeline only
-        # Note [Every received value is waited for]: a receive is kept by a token read from its data
-        received = [_token(v) for v, variable in zip(values, variables) if self._owner_and_tag[id(variable)][0]
-                    != self.rank]
+                    posted, T=dtype, shape=tuple(variable.shape), channels=channels.id,
+                    peer=owner, tag=tag)), graph_marks.GATHERED))  # timeline only
+                # Note [Every received value is waited for]: a receive is kept by a token read from its data
+                received.append(data_token(values[-1]))
         self.sends.count(tokens + received)
         return values
 
@@ -360,13 +375,6 @@ class WeightGathering:
             return tf.nest.pack_sequence_as(structure["outputs"], results[:output_count])
 
         return gathered_call
-
-
-def _token(received: tf.Tensor) -> tf.Tensor:
-    """An int32 scalar computed from a received tensor's data (its first element), which the graph optimiser can
-    neither fold nor compute without the receive."""
-    first = tf.reshape(received, [-1])[:1]
-    return tf.cast(tf.reduce_any(tf.math.is_nan(tf.cast(first, tf.float32))), tf.int32)
 
 
 def _dense(gradient, variable, dtype):

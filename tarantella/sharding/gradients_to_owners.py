@@ -14,6 +14,9 @@ an allreduce's, with no bucket buffer and no full-size sum. The owner posts a
 variable's receives once its own gradient of it exists, so receive buffers
 are held for the gradients backprop is producing now, not for the whole model
 from the start of the step, and a local gradient is freed once it has left.
+A large variable's gradient is summed in parts, each by another rank, so that
+the owner does not receive N - 1 whole gradients (Note [Spread transfers] in
+spread_transfers.py).
 The owner adds the ranks' gradients in the order of the allreduce it
 replaces: in rank order, left to right, as the engine's shared-memory
 reduction does (reduce_many in reduce_kernels.hpp; `auto` on one node, and any
@@ -33,6 +36,7 @@ import tensorflow as tf
 from tarantella import runtime, tf_ops
 from tarantella.keras.graph_allreduce import unchained
 from tarantella.sharding.send_counter import SendCounter
+from tarantella.sharding.spread_transfers import SpreadTransfers
 from tarantella.timeline import graph_marks
 
 __all__ = ["GradientsToOwners"]
@@ -42,7 +46,7 @@ class GradientsToOwners:
     """Made on every rank alike; `channels` are the sharded optimizer's own for gradients, so its tags (the
     variables' indices in the optimizer's list) meet no other transfer."""
 
-    def __init__(self, rank: int, size: int, channels):
+    def __init__(self, rank: int, size: int, channels, total_bytes: int = 0):
         self.rank = rank
         self.size = size
         self.channels = channels          # kept open while the step graph uses its id
@@ -50,6 +54,7 @@ class GradientsToOwners:
         self.sends = SendCounter("tnt_gradient_sends")
         self.pairwise = (runtime.settings().allreduce_algorithm == "recursive_doubling"
                          and size & (size - 1) == 0)  # Note above
+        self._spread = SpreadTransfers(rank, size, channels, graph_marks.TO_OWNER, total_bytes)
 
     def __call__(self, gradients: list, owners: list, tags: list, overlap: bool = True) -> list:
         """Traced: for each gradient, its sum over the ranks if this rank owns its variable, else None (the same
@@ -60,6 +65,13 @@ class GradientsToOwners:
                 gradients = [tf.identity(gradient) for gradient in gradients]
         summed, tokens = [], []
         for gradient, owner, tag in zip(gradients, owners, tags):
+            parts = self._spread.parts(gradient.shape, gradient.dtype)
+            if parts is not None:   # Note [Spread transfers]: through every rank
+                total, sends = self._spread.reduce(gradient, owner, tag, self.sends.after([gradient]), self._sum,
+                                                   parts)
+                summed.append(total)
+                tokens.extend(sends)
+                continue
             if owner != self.rank:
                 token = unchained(self._ops.tnt_send(gradient, channels=self.channels.id, peer=owner, tag=tag))
                 tokens.append(graph_marks.mark(token, graph_marks.TO_OWNER))  # timeline only

@@ -17,7 +17,8 @@ An owner sends each of its variables to the N-1 other ranks, so each rank
 receives (N-1)/N of the model's bytes: an allgather's volume, point-to-point
 rather than in a ring, which on one node (shared memory, single copy) costs
 the same and keeps no persistent buffer (the weights stay the only full copy).
-Across nodes a ring would spread the owner's sends; not done yet. The sends
+A large variable goes in parts relayed by every rank, so that the owner does
+not send it N - 1 times (Note [Spread transfers] in spread_transfers.py). The sends
 are kept in the graph by a counter (Note [Sends are kept by a counter] in
 send_counter.py).
 """
@@ -28,6 +29,7 @@ import tensorflow as tf
 from tarantella import tf_ops
 from tarantella.keras.graph_allreduce import unchained
 from tarantella.sharding.send_counter import SendCounter
+from tarantella.sharding.spread_transfers import SpreadTransfers
 from tarantella.timeline import graph_marks
 
 __all__ = ["WeightHandoff"]
@@ -37,13 +39,14 @@ class WeightHandoff:
     """Made on every rank alike; `channels` are this optimizer's own, so its tags (the variables' indices in the
     optimizer's list) meet no other user of the engine's channels."""
 
-    def __init__(self, rank: int, size: int, channels):
+    def __init__(self, rank: int, size: int, channels, total_bytes: int = 0):
         self.rank = rank
         self.size = size
         self.channels = channels          # kept open while the step graph uses its id
         self.channels_id = channels.id
         self._ops = tf_ops.load_ops()
         self.sends = SendCounter("tnt_weight_sends")
+        self._spread = SpreadTransfers(rank, size, channels, graph_marks.HANDED_OVER, total_bytes)
 
     def __call__(self, variables: list, owners: list, tags: list, after) -> None:
         """Traced, after this rank's updates: the owners' new values everywhere (the same call on every rank).
@@ -51,6 +54,16 @@ class WeightHandoff:
         after = tf.cast(after, tf.int32)
         sent = []
         for variable, owner, tag in zip(variables, owners, tags):
+            parts = self._spread.parts(variable.shape, variable.dtype)
+            if parts is not None:   # Note [Spread transfers]: through every rank
+                value = tf.convert_to_tensor(variable) if owner == self.rank else None
+                received, sends, _ = self._spread.broadcast(value, owner, tuple(variable.shape), variable.dtype,
+                                                            tag, after, parts)
+                sent.extend(sends)
+                if owner != self.rank:
+                    variable.assign(received)
+                    graph_marks.mark_after_updates([variable], graph_marks.HANDED_OVER)  # timeline only
+                continue
             if owner == self.rank:
                 value = tf.convert_to_tensor(variable)  # read after this rank's update of it
                 for peer in range(self.size):

@@ -107,8 +107,9 @@ class ShardedUpdate:
         _finalize_owned_only(optimizer, self)
         self.mode = mode
         # shard="weights": the owners keep their weights, which the others gather per layer (gathered_weights.py)
-        self.handoff = None if mode == "weights" else WeightHandoff(rank, size, channels.open_channels())
-        self._to_owners = GradientsToOwners(rank, size, channels.open_channels()) if mode == "gradients" else None
+        self.handoff = None if mode == "weights" else WeightHandoff(rank, size, channels.open_channels(), sum(sizes))
+        self._to_owners = (GradientsToOwners(rank, size, channels.open_channels(), sum(sizes))
+                           if mode == "gradients" else None)
         # The whole-model figures of stages 2 and 3 (Note [A sharded update]); made now, collectively.
         self._figures_allreduce = (BlockingAllreduce() if mode != "optimizer" and (
             self.global_clipnorm or hasattr(optimizer, "inner_optimizer")) else None)
