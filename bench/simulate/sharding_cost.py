@@ -12,8 +12,8 @@ over the node's network interface, shared by the node's ranks sending at once (s
                 (handoff.py): each owner sends its updated variables to every other rank (N - 1 times its
                 bytes out), each rank receives all it does not own; from 3 ranks a variable of at least
                 --shard-spread bytes and above a rank's fair share (1/N of all bytes) goes in parts relayed
-                by every rank (Note [Spread transfers]): its owner sends it once, every other rank receives
-                it once and relays (N-2)/(N-1) of it
+                by every rank (Note [Spread transfers]), where the ranks span several nodes: its owner sends
+                it once, every other rank receives it once and relays (N-2)/(N-1) of it
     gradients   no fused buckets: each gradient goes, as backprop makes it, to its owner from every other
                 rank (Note [Gradients summed on their owners]); a rank's sends queue on its link, an owner's
                 receives on its own (N - 1 copies in, added at the summation speed), or, spread, every
@@ -44,6 +44,10 @@ __all__ = ["MODES", "spread_time", "predict_sharded_step"]
 
 MODES = ("optimizer", "gradients", "weights")
 SPREAD_BYTES = config.load_config({}).shard_spread_bytes   # the launcher's default
+
+
+def _nodes(devices: int, cluster: ClusterProfile) -> int:
+    return -(-devices // cluster.devices_per_node)
 
 
 def spread_time(nbytes: float, devices: int, cluster: ClusterProfile) -> float:
@@ -89,9 +93,9 @@ def _owned_bytes(variables: list[_Variable], devices: int) -> list[int]:
     return owned
 
 
-def _spread(variable: _Variable, devices: int, spread_bytes: int, fair_share: float) -> bool:
+def _spread(variable: _Variable, devices: int, spread_bytes: int, fair_share: float, nodes: int) -> bool:
     """Whether the variable goes in parts through every rank (spread_transfers.SpreadTransfers.parts)."""
-    return devices >= 3 and variable.nbytes >= spread_bytes and variable.nbytes > fair_share
+    return nodes > 1 and devices >= 3 and variable.nbytes >= spread_bytes and variable.nbytes > fair_share
 
 
 def _gather_time(variables: list[_Variable], devices: int, cluster: ClusterProfile, copies: bool,
@@ -103,7 +107,7 @@ def _gather_time(variables: list[_Variable], devices: int, cluster: ClusterProfi
     hops = 1
     for variable in variables:
         for rank in range(devices):
-            spread = _spread(variable, devices, spread_bytes, fair_share)
+            spread = _spread(variable, devices, spread_bytes, fair_share, _nodes(devices, cluster))
             if rank == variable.owner:
                 out[rank] += variable.nbytes * (1 if spread else devices - 1)
             else:
@@ -131,7 +135,7 @@ class _ToOwners:
 
     def send(self, variable: _Variable, ready: float) -> None:
         devices, cluster = self.devices, self.cluster
-        if _spread(variable, devices, self.spread_bytes, self.fair_share):
+        if _spread(variable, devices, self.spread_bytes, self.fair_share, _nodes(devices, cluster)):
             part = variable.nbytes / (devices - 1)
             cost = (spread_time(variable.nbytes, devices, cluster) + devices * part / cluster.reduce_Bps
                     + spread_time(part, devices, cluster)

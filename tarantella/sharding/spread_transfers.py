@@ -30,6 +30,11 @@ bytes to send and receive; spreading costs each rank the variable's bytes
 a rank's fair share (1/N of all the bytes): its owner would carry N - 1 times
 it. So there only those are spread. A layer's gather (stage 3) runs alone,
 its owners' links the only ones busy: there any large variable is spread.
+Only where the ranks span several nodes: on one node the engine's channels
+are shared memory, where each receiver copies from the sender's buffer on its
+own core and no link is the owner's, and spreading only doubles the bytes
+copied (measured: a 4-rank step of stage 3 on the 134 M-parameter MLP, 2
+cores, 2.17 s spread against 1.79 s whole).
 """
 from __future__ import annotations
 
@@ -62,6 +67,8 @@ class SpreadTransfers:
         self.mark = mark    # the timeline's name for these transfers
         self.spread_bytes = runtime.settings().shard_spread_bytes
         self.fair_share = total_bytes / size
+        self.across_nodes = runtime.world_group().node_count > 1   # Note above: on one node, never
+        self.traced = 0     # transfers traced in parts (tests: evidence that they ran)
         self._ops = tf_ops.load_ops()
 
     def parts(self, shape, dtype) -> list[int] | None:
@@ -69,7 +76,8 @@ class SpreadTransfers:
         elements = int(np.prod(shape))
         nbytes = elements * tf.as_dtype(dtype).size
         holders = self.size - 1
-        if holders < 2 or nbytes < self.spread_bytes or nbytes <= self.fair_share or elements < holders:
+        if (not self.across_nodes or holders < 2 or nbytes < self.spread_bytes or nbytes <= self.fair_share
+                or elements < holders):
             return None
         return [elements // holders + (1 if k < elements % holders else 0) for k in range(holders)]
 
@@ -89,6 +97,7 @@ class SpreadTransfers:
         """Traced, every rank alike: (the owner's value, send tokens, receive tokens); `value`: the owner's (None
         elsewhere); this rank's receives are posted once `after` exists."""
         dtype = tf.as_dtype(dtype)
+        self.traced += 1
         holders = self._holders(owner)
         if self.rank == owner:
             pieces = tf.split(tf.reshape(value, [-1]), parts)
@@ -103,6 +112,7 @@ class SpreadTransfers:
     def reduce(self, gradient, owner: int, tag: int, after, add, parts: list[int]):
         """Traced, every rank alike: (the sum over the ranks of `gradient` on the owner, None elsewhere; send
         tokens). `add` sums a list of tensors in rank order; receives are posted once `after` exists."""
+        self.traced += 1
         holders = self._holders(owner)
         pieces = tf.split(tf.reshape(gradient, [-1]), parts)
         sends = [self._send(piece, holder, tag) for piece, holder in zip(pieces, holders) if holder != self.rank]

@@ -41,13 +41,16 @@ def test_with_free_links_each_stage_costs_its_compute():
 
 
 def test_a_gather_fans_out_from_the_owner_and_spreads_over_the_links():
-    one_node = _cluster(devices_per_node=8)
+    one_per_node = _cluster()
     kernel = sharding_cost._Variable(8_000_000, "dense", 1.0, owner=0)
     # whole: the owner sends 7 copies; the others each receive one
-    assert sharding_cost._gather_time([kernel], 8, one_node, False, WHOLE) == pytest.approx(1e-6 + 7 * 8e6 / 1e9)
+    assert sharding_cost._gather_time([kernel], 8, one_per_node, False, WHOLE) == pytest.approx(1e-6 + 7 * 8e6 / 1e9)
     # spread: the owner sends it once in 7 parts, each rank receives it once and relays 6/7 of it (two hops)
-    assert sharding_cost._gather_time([kernel], 8, one_node, False, 0) == pytest.approx(2e-6 + 8e6 / 1e9)
-    assert sharding_cost._gather_time([kernel], 2, one_node, False, 0) == pytest.approx(1e-6 + 8e6 / 1e9)
+    assert sharding_cost._gather_time([kernel], 8, one_per_node, False, 0) == pytest.approx(2e-6 + 8e6 / 1e9)
+    assert sharding_cost._gather_time([kernel], 2, one_per_node, False, 0) == pytest.approx(1e-6 + 8e6 / 1e9)
+    # on one node (shared memory) nothing is spread
+    one_node = _cluster(devices_per_node=8)
+    assert sharding_cost._gather_time([kernel], 8, one_node, False, 0) == pytest.approx(1e-6 + 7 * 8e6 / 1e9)
     # two ranks per node, 4 ranks: a third of a rank's traffic stays on its node, two thirds leave it over the
     # interface both ranks of the node send through at once
     two_per_node = _cluster(devices_per_node=2, inter=Link(1e-6, 1e8))

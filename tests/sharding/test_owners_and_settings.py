@@ -85,13 +85,19 @@ def test_a_sharded_optimizer_refuses_variables_it_was_not_built_on():
         optimizer.apply([keras.ops.ones((3,))], other)
 
 
-def test_a_variable_goes_in_parts_from_3_ranks_when_large_and_above_a_fair_share():
+def test_a_variable_goes_in_parts_across_nodes_from_3_ranks_when_large_and_above_a_fair_share():
     from tarantella.sharding.spread_transfers import SpreadTransfers
     kib = 1024
-    alone = SpreadTransfers(0, 4, None, "test")                        # a layer's gather: size alone decides
+
+    def across_nodes(transfers):   # this test runs on one node: as the ranks would see it across several
+        transfers.across_nodes = True
+        return transfers
+
+    assert SpreadTransfers(0, 4, None, "test").parts((1 << 20,), "float32") is None   # one node: never
+    alone = across_nodes(SpreadTransfers(0, 4, None, "test"))            # a layer's gather: size alone decides
     assert alone.parts((256 * kib // 4,), "float32") == [21846, 21845, 21845]   # 3 holders, near-equal parts
     assert alone.parts((256 * kib // 4 - 1,), "float32") is None       # below --shard-spread (256 KiB)
-    assert SpreadTransfers(0, 2, None, "test").parts((1 << 20,), "float32") is None   # 2 ranks: direct is one hop
-    together = SpreadTransfers(0, 4, None, "test", total_bytes=16 << 20)   # fair share 4 MiB
+    assert across_nodes(SpreadTransfers(0, 2, None, "test")).parts((1 << 20,), "float32") is None   # one hop
+    together = across_nodes(SpreadTransfers(0, 4, None, "test", total_bytes=16 << 20))   # fair share 4 MiB
     assert together.parts((1 << 20,), "float32") is None               # 4 MiB: not above it
     assert together.parts((1 << 20, 2), "float32") == [699051, 699051, 699050]

@@ -92,6 +92,9 @@ for name, make_optimizer in SET_UPS.items():
     assert difference < 1e-6, f"rank {rank} {name}: {difference:.3g} from serial"
     assert_holds_own_share(sharded, name)
     print(f"OK {name}: bitwise unsharded (weights), serial within {difference:.1g}", flush=True)
+if size > 1:   # how many variables went in parts (Note [Spread transfers]; only across nodes)
+    gathering = sharded._gathering
+    print(f"SPREAD {gathering._spread.traced + gathering.to_owners._spread.traced}", flush=True)
 
 loss = sharded.evaluate(x, y, batch_size=BATCH, verbose=0)
 predictions = sharded.predict(x, batch_size=BATCH, verbose=0)
