@@ -73,6 +73,11 @@ def distribute_optimizer(optimizer: keras.optimizers.Optimizer) -> keras.optimiz
         present = [index for index, grad in enumerate(grads) if grad is not None]
         purpose = f"gradients:{context.applies}"
         context.applies += 1
+        if getattr(optimizer, "_tnt_shards", None) == "weights":
+            # summed on their owners by the backward pass (Note [Weights gathered for a model's own train_step])
+            applied = local_apply(grads, variables)
+            graph_marks.mark_after_updates(variables)  # timeline only
+            return applied
 
         def allreducer_for(tensors):
             allreducer = context.allreducer_for(tensors, purpose)

@@ -250,11 +250,6 @@ class Model(keras.Model):
         return self._gathering.whole_on(runtime.get_master_rank())
 
     def _shard_weights(self, model):
-        if self._own_logic:
-            raise ValueError(f"tarantella: shard='weights' with {type(model).__name__}'s own training logic is not "
-                             f"available in this release (its tape would be asked about weights this rank does not "
-                             f"hold); use shard='gradients', or write the step as a custom loop with "
-                             f"tnt.shard_weights and tnt.gathered_gradients")
         self._weights_synchronized = True   # every rank takes its own weights from the master's (below)
         return gathered_weights.shard_weights(model, runtime.get_rank(), self.world_size)
 

@@ -63,8 +63,10 @@ def train_step(model, data):
     restorer = empty_micro_batch.Restorer(_state_to_keep(model), may_be_empty)
     context = StepContext(share=share, allreducer_for=model._allreducer_for,
                           overlap=model.overlap_communication)
+    gathering = model._gathering   # shard="weights": Note [Weights gathered for a model's own train_step]
     with step_context(context), _whole_batch_means(user.metrics, share * model.world_size), \
-            batch_position.tracing_step(batch_position.of_step(model, batch, global_size, count)):
+            batch_position.tracing_step(batch_position.of_step(model, batch, global_size, count)), \
+            gathering.tapes_sum_on_owners(share) if gathering is not None else contextlib.nullcontext():
         logs = user.train_step(batch)
     serial_random.warn_unrecognised(tf.compat.v1.get_default_graph())
     if context.applies == 0:  # refused at every rank count, so a 1-rank trial already says so

@@ -68,6 +68,20 @@ adds its own first: the sums may differ by rounding (on the language model of
 tests/keras/programs/sharded_weights.py: 3e-8 after one epoch of SGD, 1.2e-6
 after two of AdamW, where unsharded is 3.9e-6 from serial). Everywhere else
 the gradients are unsharded training's bit for bit.
+Note [Weights gathered for a model's own train_step]
+A model's own train_step asks its tape about self.trainable_variables and
+hands the gradients to optimizer.apply (Note [Distributing through the
+optimizer] in tarantella/keras/distributed_optimizer.py). Under shard="weights"
+this rank holds no storage for most of them, and its gradients must be summed
+in the backward pass, the anchor among the sources (Note above). So while
+tnt.Model traces that step, GradientTape.gradient, asked about gathered
+weights, asks the tape for the owned ones and the anchor, with the upstream
+gradient share = n_r / N (the weight of this rank's micro-batch in the global
+batch's loss, which unsharded training applies to the summed gradients
+instead: the same values, rounded once more or less where share is not a power
+of two), and gives None for the others; the wrapped optimizer then applies the
+owned sums without reducing them again. Other tapes (the units' own backward
+passes among them) are TensorFlow's.
 Weights read outside a unit's call would read zeros on the ranks that do not
 own them, so models that do so are refused: weight regularizers (Keras reads
 them in the loss, outside the layers), variables outside the units, a
@@ -97,6 +111,7 @@ from tarantella.timeline import graph_marks
 __all__ = ["units_of", "check_gatherable", "WeightGathering", "shard_weights", "gathering_of"]
 
 logger = logging.getLogger("tarantella")
+_TAPE_GRADIENT = tf.GradientTape.gradient   # TensorFlow's own (tapes_sum_on_owners replaces it for a while)
 
 
 def units_of(model) -> list:
@@ -231,13 +246,37 @@ class WeightGathering:
 
     def gradients(self, tape, target, variables: list, output_gradients=None) -> list:
         """The tape's gradients of `target` (times `output_gradients`, as tape.gradient takes them) for the
-        variables this rank owns (summed over the ranks by the units' backward passes), None for the others (it
-        holds no storage a tape could watch)."""
-        owned = [v for v in variables if self.owns(v)]
-        gradients = tape.gradient(target, owned + [self.anchor],   # Note [Every rank runs ...]
-                                  output_gradients=output_gradients)[:-1]
-        by_variable = dict(zip(map(id, owned), gradients))
+        variables this rank owns (summed over the ranks by the units' backward passes), None for the gathered
+        weights it does not own (it holds no storage a tape could watch); other sources as the tape gives them."""
+        asked = [v for v in variables if self.owner_of(v) in (None, self.rank)]
+        gradients = _TAPE_GRADIENT(tape, target, asked + [self.anchor],   # Note [Every rank runs ...]
+                                   output_gradients=output_gradients)[:-1]
+        by_variable = dict(zip(map(id, asked), gradients))
         return [by_variable.get(id(v)) for v in variables]
+
+    @contextlib.contextmanager
+    def tapes_sum_on_owners(self, share):
+        """Inside (a model's own train_step, traced): a GradientTape asked about the gathered weights gives the
+        gradients of share x its target, summed over the ranks, for those this rank owns, and None for the others
+        (Note [Weights gathered for a model's own train_step])."""
+        gathering = self
+
+        def gradient(tape, target, sources, output_gradients=None, unconnected_gradients=None):
+            flat = tf.nest.flatten(sources)
+            if all(gathering.owner_of(source) is None for source in flat):
+                return _TAPE_GRADIENT(tape, target, sources, output_gradients,
+                                      unconnected_gradients or tf.UnconnectedGradients.NONE)
+            targets = tf.nest.flatten(target)
+            given = tf.nest.flatten(output_gradients) if output_gradients is not None else [None] * len(targets)
+            upstream = [tf.fill(tf.shape(t), tf.cast(share, t.dtype)) if g is None else g * tf.cast(share, g.dtype)
+                        for t, g in zip(targets, given)]
+            return tf.nest.pack_sequence_as(sources, gathering.gradients(tape, targets, flat, upstream))
+
+        tf.GradientTape.gradient = gradient
+        try:
+            yield
+        finally:
+            tf.GradientTape.gradient = _TAPE_GRADIENT
 
     def owns(self, variable) -> bool:
         return self._owner_and_tag[id(variable)][0] == self.rank

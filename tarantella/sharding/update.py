@@ -91,13 +91,13 @@ class ShardedUpdate:
     def __init__(self, variables: list, optimizer, size: int, rank: int, build=None, mode: str = "optimizer"):
         self.variables = list(variables)
         sizes = [variable_bytes(v) for v in self.variables]
-        self.owners = assign_owners(sizes, size)
+        # shard="weights": the owners are the ranks that hold the weights (gathered_weights.py drew them over the
+        # whole model; an optimizer of some of its variables, a GAN's, takes theirs)
+        self.owners = (_holders(self.variables) if mode == "weights" and size > 1 else assign_owners(sizes, size))
         self.rank = rank
         self.owned = [v for v, owner in zip(self.variables, self.owners) if owner == rank]
         self._owner_and_tag = {id(v): (owner, tag) for tag, (v, owner) in enumerate(zip(self.variables, self.owners))}
         _check_shardable(optimizer, self.variables, size, mode)
-        if mode == "weights" and size > 1:
-            _check_held_by_owners(self.variables, self.owners)
         logger.info("tarantella: shard=%r: %s", mode, describe(sizes, self.owners, size))
         inner = unscaled_optimizer(optimizer)
         # Note [A sharded update]: the whole model's norm is taken here, not by the optimizer.
@@ -298,15 +298,16 @@ def _check_shardable(optimizer, variables: list, size: int, mode: str = "optimiz
                          f"{type(optimizer).__name__} is already built; shard a new optimizer")
 
 
-def _check_held_by_owners(variables: list, owners: list) -> None:
-    """shard="weights": each variable's owner here must be the rank that holds it (gathered_weights.py draws them
-    by the same rule from the model's trainable variables; another list of variables would draw other owners)."""
+def _holders(variables: list) -> list:
+    """shard="weights": the rank holding each variable (Note [Weights gathered layer by layer])."""
     gathering = gathered_weights.gathering_of(variables)
-    stray = [v.path for v, owner in zip(variables, owners) if gathering is None or gathering.owner_of(v) != owner]
+    owners = [None if gathering is None else gathering.owner_of(v) for v in variables]
+    stray = [v.path for v, owner in zip(variables, owners) if owner is None]
     if stray:
         raise ValueError(f"tarantella: shard='weights' updates the weights of a model sharded by "
-                         f"tnt.shard_weights(model) (or tnt.Model(model, shard='weights')), built on all its "
-                         f"trainable variables in their order; {stray[:3]} are not held that way")
+                         f"tnt.shard_weights(model) (or tnt.Model(model, shard='weights')); {stray[:3]} are not "
+                         f"among them")
+    return owners
 
 
 def _finalize_owned_only(optimizer, update: ShardedUpdate) -> None:

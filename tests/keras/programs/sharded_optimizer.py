@@ -25,6 +25,7 @@ import tensorflow as tf
 
 import tarantella as tnt
 from optimizer_set_ups import SET_UPS as COMMON_SET_UPS
+from own_train_step import OwnStep
 
 tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
 
@@ -155,15 +156,6 @@ assert len(from_checkpoint) == len(from_save) > 4 and all(
     np.array_equal(a.numpy(), b.numpy()) for a, b in zip(from_checkpoint, from_save)), "the checkpoint differs"
 print("OK ModelCheckpoint writes the whole optimizer state", flush=True)
 # A model with its own train_step (keras.io's "Customizing what happens in fit()"): sharded through its optimizer.
-class OwnStep(keras.Model):
-    def train_step(self, data):
-        inputs, targets = data
-        with tf.GradientTape() as tape:
-            loss = self.compute_loss(x=inputs, y=targets, y_pred=self(inputs, training=True))
-        self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
-        return {"loss": loss}
-
-
 def own_step_model():
     plain = build()
     return OwnStep(plain.inputs, plain.outputs)
