@@ -108,7 +108,7 @@ from tarantella.sharding.send_counter import SendCounter
 from tarantella.sharding.spread_transfers import SpreadTransfers, data_token
 from tarantella.timeline import graph_marks
 
-__all__ = ["units_of", "check_gatherable", "WeightGathering", "shard_weights", "gathering_of"]
+__all__ = ["units_of", "check_gatherable", "WeightGathering", "shard_weights", "gathering_of", "values_from_owners"]
 
 logger = logging.getLogger("tarantella")
 _TAPE_GRADIENT = tf.GradientTape.gradient   # TensorFlow's own (tapes_sum_on_owners replaces it for a while)
@@ -201,14 +201,8 @@ class WeightGathering:
     def whole_values(self, root: int | None = None) -> list:
         """Collective: every trainable variable's value (numpy), from its owner, on every rank (root=None) or on
         `root` only (the others get an empty list)."""
-        values = []
-        for variable, owner in zip(self.variables, self.owners):
-            buffer = (np.array(variable.numpy(), copy=True) if owner == self.rank
-                      else np.empty(tuple(variable.shape), variable.dtype))
-            value = buffer if self.size == 1 else collectives.broadcast(buffer, root=owner)
-            if root is None or root == self.rank:
-                values.append(np.array(value, copy=True))
-        return values
+        values = values_from_owners(self.variables, self.owners, self.rank, self.size)
+        return values if root is None or root == self.rank else []
 
     @contextlib.contextmanager
     def whole_on(self, root: int):
@@ -459,6 +453,16 @@ def shard_weights(model, rank: int, size: int) -> WeightGathering:
     for variable in variables:
         variable._tnt_gathering = gathering
     return gathering
+
+
+def values_from_owners(variables: list, owners: list, rank: int, size: int) -> list:
+    """Collective: each variable's value (numpy) as its owner holds it, on every rank."""
+    values = []
+    for variable, owner in zip(variables, owners):
+        buffer = (np.array(variable.numpy(), copy=True) if owner == rank
+                  else np.empty(tuple(variable.shape), variable.dtype))
+        values.append(buffer if size == 1 else np.array(collectives.broadcast(buffer, root=owner), copy=True))
+    return values
 
 
 def gathering_of(variables: list) -> WeightGathering | None:

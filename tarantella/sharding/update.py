@@ -48,10 +48,9 @@ from __future__ import annotations
 import logging
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from tarantella import collectives, config, runtime
+from tarantella import config, runtime
 from tarantella.keras.distributed_optimizer import unscaled_optimizer
 from tarantella.pipeline import channels
 from tarantella.keras.blocking_allreduce import BlockingAllreduce
@@ -319,9 +318,8 @@ def _finalize_owned_only(optimizer, update: ShardedUpdate) -> None:
     def finalize_variable_values(var_list):
         finalize(update.owned)
         if unscaled_optimizer(optimizer).use_ema and len(set(update.owners)) > 1 and update.handoff is not None:
-            for variable, owner in zip(update.variables, update.owners):
-                buffer = (np.array(variable.numpy(), copy=True) if owner == update.rank
-                          else np.empty(tuple(variable.shape), variable.dtype))
-                variable.assign(collectives.broadcast(buffer, root=owner))
+            for variable, value in zip(update.variables, gathered_weights.values_from_owners(
+                    update.variables, update.owners, update.rank, runtime.get_size())):
+                variable.assign(value)
 
     optimizer.finalize_variable_values = finalize_variable_values
