@@ -11,7 +11,9 @@ weight decay is excluded by the variable's name, EMA and gradient
 accumulation keep one copy per variable. An owner runs the user's unchanged
 optimizer on its own variables, so every per-variable rule holds as in serial
 Keras. The price is balance: a model dominated by one variable (a large
-embedding) cannot be split more finely than it, which `describe` reports.
+embedding) cannot be split more finely than it, which `describe` reports; its
+transfers, though, are spread over every rank across nodes (Note [Spread
+transfers] in spread_transfers.py).
 Every rank computes the same assignment from the same model: no message.
 """
 from __future__ import annotations
