@@ -51,9 +51,11 @@ Note [Every received value is waited for]
 A received value a pass does not need would be pruned from the graph on the
 receiving rank, and its owner's send would wait for a receive that is never
 posted: a bias in a backward pass (its gradient does not need it), an
-Embedding's table (its gradient needs only the indices), and every weight of
+Embedding's table (its gradient needs only the indices), every weight of
 a unit this rank owns none of, whose backward pass computes nothing this rank
-uses. A control dependency did not keep it (observed: with one, such a model
+uses, and, on an owner, the gradients of its weights when a tape is asked
+about other variables (a model's own train_step with two optimizers asks one
+tape twice: each call runs every unit's backward pass). A control dependency did not keep it (observed: with one, such a model
 still hung), so each receive also gives a token
 computed from its data (its first element), added to the counter that keeps
 the sends (Note [Sends are kept by a counter] in send_counter.py). An owner
@@ -81,7 +83,10 @@ batch's loss, which unsharded training applies to the summed gradients
 instead: the same values, rounded once more or less where share is not a power
 of two), and gives None for the others; the wrapped optimizer then applies the
 owned sums without reducing them again. Other tapes (the units' own backward
-passes among them) are TensorFlow's.
+passes among them) are TensorFlow's. A step that asks about the gathered
+weights twice (a GAN's two optimizers, one tape each or one persistent tape)
+is refused: each call runs every unit's backward pass and its transfers, and
+two calls were observed to wait on each other's gradients until the timeout.
 Weights read outside a unit's call would read zeros on the ranks that do not
 own them, so models that do so are refused: weight regularizers (Keras reads
 them in the loss, outside the layers), variables outside the units, a
@@ -254,12 +259,18 @@ class WeightGathering:
         gradients of share x its target, summed over the ranks, for those this rank owns, and None for the others
         (Note [Weights gathered for a model's own train_step])."""
         gathering = self
+        calls = []
 
         def gradient(tape, target, sources, output_gradients=None, unconnected_gradients=None):
             flat = tf.nest.flatten(sources)
             if all(gathering.owner_of(source) is None for source in flat):
                 return _TAPE_GRADIENT(tape, target, sources, output_gradients,
                                       unconnected_gradients or tf.UnconnectedGradients.NONE)
+            calls.append(tape)
+            if len(calls) > 1:   # every call runs every unit's backward pass; two were seen to wait on each other
+                raise ValueError("tarantella: shard='weights' takes one tape.gradient call of the gathered weights "
+                                 "per train_step, and this one asks again (a GAN's two optimizers); ask once for "
+                                 "all of them, or use shard='gradients'")
             targets = tf.nest.flatten(target)
             given = tf.nest.flatten(output_gradients) if output_gradients is not None else [None] * len(targets)
             upstream = [tf.fill(tf.shape(t), tf.cast(share, t.dtype)) if g is None else g * tf.cast(share, g.dtype)

@@ -36,7 +36,7 @@ import tensorflow as tf
 from tarantella import runtime, tf_ops
 from tarantella.keras.graph_allreduce import unchained
 from tarantella.sharding.send_counter import SendCounter
-from tarantella.sharding.spread_transfers import SpreadTransfers
+from tarantella.sharding.spread_transfers import SpreadTransfers, data_token
 from tarantella.timeline import graph_marks
 
 __all__ = ["GradientsToOwners"]
@@ -83,6 +83,9 @@ class GradientsToOwners:
                                                      channels=self.channels.id, peer=peer, tag=tag)),
                      graph_marks.TO_OWNER)
                      for peer in range(self.size)]
+            # Note [Every received value is waited for] (gathered_weights.py): a sum nobody reads (a tape asked
+            # about other variables) would drop its receives, and the senders would wait
+            tokens.extend(data_token(part) for peer, part in enumerate(parts) if peer != self.rank)
             summed.append(self._sum(parts))
         self.sends.count(tokens)
         return summed

@@ -110,8 +110,8 @@ class SpreadTransfers:
         return tf.reshape(tf.concat(pieces, 0), shape), sends, [data_token(piece) for piece in pieces]
 
     def reduce(self, gradient, owner: int, tag: int, after, add, parts: list[int]):
-        """Traced, every rank alike: (the sum over the ranks of `gradient` on the owner, None elsewhere; send
-        tokens). `add` sums a list of tensors in rank order; receives are posted once `after` exists."""
+        """Traced, every rank alike: (the sum over the ranks of `gradient` on the owner, None elsewhere; tokens of
+        the sends and of the owner's receives). `add` sums a list of tensors in rank order; receives are posted once `after` exists."""
         self.traced += 1
         holders = self._holders(owner)
         pieces = tf.split(tf.reshape(gradient, [-1]), parts)
@@ -122,4 +122,5 @@ class SpreadTransfers:
                           self._receive(after, gradient.dtype, parts[mine], peer, tag) for peer in range(self.size)])
             return None, sends + [self._send(summed, owner, tag)]
         sums = [self._receive(after, gradient.dtype, count, holder, tag) for count, holder in zip(parts, holders)]
-        return tf.reshape(tf.concat(sums, 0), tf.shape(gradient)), sends
+        # kept also where nobody reads the sum (Note [Every received value is waited for] in gathered_weights.py)
+        return tf.reshape(tf.concat(sums, 0), tf.shape(gradient)), sends + [data_token(part) for part in sums]
