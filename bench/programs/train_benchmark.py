@@ -139,22 +139,18 @@ def main(argv=None) -> int:
 def _measure_profile(entry, keras_model, args, step_times):
     import numpy as np
     from bench.data.synthetic import synthetic_batch
-    from bench.simulate.model_profile import batch_norm_layers, gradient_timeline, measure_phases
+    from bench.simulate.model_profile import batch_norm_layers, fixed_and_per_example, gradient_timeline, measure_phases
 
     inputs, labels = synthetic_batch(entry, args.global_batch, seed=args.seed)
     phases = measure_phases(keras_model, _loss(entry), inputs, labels)
     step_s = float(np.median(step_times))
     one_inputs, _ = synthetic_batch(entry, 1, seed=args.seed)
     update_s = max(step_s - phases["forward_backward_s"], 0.0)
-    batch, half = args.global_batch, phases["half_batch"]
-    per_example_s = 0.0
-    if batch > half:
-        per_example_s = max((phases["forward_backward_s"] - phases["forward_backward_half_s"]) / (batch - half), 0.0)
-    per_example_s = min(per_example_s, phases["forward_backward_s"] / batch)
+    fixed_s, per_example_s = fixed_and_per_example(phases, args.global_batch, step_s)
     return {"model": entry.name, "precision": args.precision, "micro_batch": args.global_batch, "step_s": step_s,
             "forward_s": phases["forward_s"], "backward_s": phases["backward_s"],
             "update_s": update_s, "per_example_s": per_example_s,
-            "fixed_s": max(step_s - per_example_s * batch, 0.0), "phases": phases,
+            "fixed_s": fixed_s, "phases": phases,
             "step_times_s": list(step_times),  # their spread: the stragglers of a simulation
             "gradients": gradient_timeline(keras_model, one_inputs),
             "batch_norm": batch_norm_layers(keras_model),

@@ -6,10 +6,11 @@ bench/simulate/sharding_cost.py), and the simulator against the measured steps o
 
 The model of the measured run (its runs.jsonl names model, width, depth and global batch) is profiled in this
 process on one intra-op thread, as each of 2 ranks computes here (bench/simulate/model_profile.py: forward and
-backward measured at the global batch, the gradients in backprop's order; Adam's update timed alone). Writes <measured>/simulated/: profile.json; validation.md, the predicted step of every stage at the
-measured rank counts on this machine (bench/profiles/this_machine.toml, the global batch split as it was run)
-against the measured one; <cluster>.md, each stage's predicted step at a fixed micro-batch (the measured run's
-per-rank batch at 2 ranks) on the named cluster profiles, as a ratio to unsharded data parallelism.
+backward measured at the global batch, the gradients in backprop's order; Adam's update timed alone). Writes
+<measured>/simulated/: profile.json; validation.md, the predicted step of every stage at the measured rank counts
+on this machine (bench/profiles/this_machine.toml, the global batch split as it was run) against the measured one;
+<cluster>.md, each stage's predicted step at a fixed micro-batch (the measured run's per-rank batch at 2 ranks) on
+the named cluster profiles, as a ratio to unsharded data parallelism.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import statistics
 
 from bench.machine import describe_machine, describe_source
 from bench.simulate.cluster_profile import load_cluster_profile
-from bench.simulate.model_profile import gradient_timeline, measure_phases, save_profile
+from bench.simulate.model_profile import (fixed_and_per_example, gradient_timeline, measure_phases, median_time,
+                                          save_profile)
 from bench.simulate.sharding_cost import MODES, SPREAD_BYTES, predict_sharded_step
 from bench.simulate.step_model import predict_step
 
@@ -46,7 +48,6 @@ def profile_model(options: dict) -> dict:
     import keras
     import tensorflow as tf
     from bench.sharding import models
-    from bench.simulate.model_profile import median_time
     tf.config.threading.set_intra_op_parallelism_threads(1)
     keras.utils.set_random_seed(1)
     model = models.build(options["model"], options["width"], options["depth"])
@@ -60,13 +61,11 @@ def profile_model(options: dict) -> dict:
     update = tf.function(lambda: optimizer.apply(gradients, model.trainable_variables))
     update_s = median_time(lambda: (update(), optimizer.iterations.numpy()), 3)
     step_s = phases["forward_backward_s"] + update_s
-    per_example_s = max((phases["forward_backward_s"] - phases["forward_backward_half_s"])
-                        / (batch - phases["half_batch"]), 0.0)
-    per_example_s = min(per_example_s, phases["forward_backward_s"] / batch)
+    fixed_s, per_example_s = fixed_and_per_example(phases, batch, step_s)
     return {"model": f"sharding-{options['model']}", "precision": "float32", "micro_batch": batch,
             "step_s": step_s, "forward_s": phases["forward_s"], "backward_s": phases["backward_s"],
             "update_s": update_s, "per_example_s": per_example_s,
-            "fixed_s": max(step_s - per_example_s * batch, 0.0), "phases": phases, "step_times_s": [],
+            "fixed_s": fixed_s, "phases": phases, "step_times_s": [],
             "gradients": gradient_timeline(model, inputs[:1]), "batch_norm": [],
             "threads": 1, "host": socket.gethostname()}
 

@@ -25,8 +25,8 @@ import time
 
 import numpy as np
 
-__all__ = ["layer_costs", "gradient_timeline", "batch_norm_layers", "measure_phases", "median_time", "save_profile",
-           "load_profile"]
+__all__ = ["layer_costs", "gradient_timeline", "batch_norm_layers", "measure_phases", "median_time",
+           "fixed_and_per_example", "save_profile", "load_profile"]
 
 _ELEMENTWISE_COST = 8.0   # flop-equivalents per output element for memory-bound work, fwd+bwd
 
@@ -148,6 +148,17 @@ def measure_phases(model, loss_fn, inputs, labels, repeats: int = 3) -> dict:
     return {"forward_s": forward_s, "backward_s": max(forward_backward_s - forward_s, 0.0),
             "forward_backward_s": forward_backward_s, "forward_backward_half_s": half_s,
             "half_batch": int(len(half[1]))}
+
+
+def fixed_and_per_example(phases: dict, batch: int, step_s: float) -> tuple[float, float]:
+    """(fixed_s, per_example_s): the step at `batch` as fixed + per_example x batch, the per-example cost from
+    forward plus backward at the batch and at half of it (measure_phases), at most their whole per example."""
+    per_example_s = 0.0
+    half = phases["half_batch"]
+    if batch > half:
+        per_example_s = max((phases["forward_backward_s"] - phases["forward_backward_half_s"]) / (batch - half), 0.0)
+    per_example_s = min(per_example_s, phases["forward_backward_s"] / batch)
+    return max(step_s - per_example_s * batch, 0.0), per_example_s
 
 
 def save_profile(profile: dict, path: str) -> None:

@@ -140,11 +140,10 @@ def shard_weights(model: keras.Model) -> gathered_weights.WeightGathering:
     whole_on(root) (a collective context in which `root` holds every weight, to save the model)."""
     if not isinstance(model, keras.Model):
         raise TypeError(f"tarantella: shard_weights shards a keras.Model's weights, got {type(model).__name__}")
-    if getattr(model, "_tnt_weight_gathering", None) is not None:
-        return model._tnt_weight_gathering
-    gathering = gathered_weights.shard_weights(model, runtime.get_rank(), runtime.get_size())
-    model._tnt_weight_gathering = gathering
-    return gathering
+    already = gathered_weights.gathering_of(model.trainable_variables)
+    if already is not None:
+        return already
+    return gathered_weights.shard_weights(model, runtime.get_rank(), runtime.get_size())
 
 
 @tf.autograph.experimental.do_not_convert
