@@ -1,7 +1,8 @@
 """One benchmark run on every rank of a job; rank 0 prints one JSON line "RESULT {...}".
 
     program.py --mode pipeline|data|serial [--schedule 1f1b|gpipe] [--micro-batches M] [--defer default|on|off|K]
-               [--layers 8] [--width 512] [--batch 128] [--steps 32] [--budget-mib B] [--pin]
+               [--stages S [--shard optimizer]] [--layers 8] [--width 512] [--batch 128] [--steps 32]
+               [--budget-mib B] [--pin]
 
 The model is a chain of `--layers` Dense layers of `--width` units (the cut,
 for pipelines, is automatic and balanced by parameters). TensorFlow gets one
@@ -71,6 +72,10 @@ parser.add_argument("--micro-batches", type=int, default=4)
 parser.add_argument("--defer", default="default",
                     help="pipelines' defer_weight_gradients: default (the schedule's), on, off, or micro-batches "
                          "per weight pass")
+parser.add_argument("--stages", type=int, default=None,
+                    help="pipelines: stages (default: one per rank); fewer make data-parallel replicas of each stage")
+parser.add_argument("--shard", default=None, choices=["optimizer"],
+                    help="pipelines with replicas: shard each stage's optimizer state over its replicas")
 parser.add_argument("--layers", type=int, default=8)
 parser.add_argument("--width", type=int, default=512)
 parser.add_argument("--batch", type=int, default=128)
@@ -148,7 +153,9 @@ else:
     if args.mode == "pipeline":
         from tarantella.pipeline import make_pipelined_model
         model = make_pipelined_model(model, num_micro_batches=args.micro_batches, schedule=args.schedule,
-                                     num_pipeline_stages=tnt.get_size(), balance_by="parameters",
+                                     num_pipeline_stages=args.stages or tnt.get_size(), balance_by="parameters",
+                                     data_parallel=bool(args.stages and args.stages < tnt.get_size()),
+                                     shard=args.shard,
                                      defer_weight_gradients={"default": None, "on": True, "off": False}[args.defer]
                                      if args.defer in ("default", "on", "off") else int(args.defer))
     elif args.mode == "data":
@@ -231,7 +238,8 @@ if tnt.get_rank() == 0:
     summary = {"mode": args.mode, "schedule": args.schedule if args.mode == "pipeline" else None,
                "micro_batches": args.micro_batches if args.mode == "pipeline" else None,
                "defer_weight_gradients": args.defer if args.mode == "pipeline" else None,
-               "ranks": tnt.get_size(), "layers": args.layers, "width": args.width, "global_batch": args.batch,
+               "ranks": tnt.get_size(), "stages": args.stages or tnt.get_size(), "shard": args.shard,
+               "layers": args.layers, "width": args.width, "global_batch": args.batch,
                "steps": args.steps, "budget_mib": args.budget_mib, "fits": all(r["fits"] for r in records),
                "whole_params_bytes": whole_params}
     if summary["fits"]:
@@ -245,7 +253,7 @@ if tnt.get_rank() == 0:
     else:
         summary["needed_bytes"] = max(r.get("needed_bytes", 0) for r in records)
     if args.mode == "pipeline" and summary["fits"]:
-        S, M = tnt.get_size(), args.micro_batches
+        S, M = args.stages or tnt.get_size(), args.micro_batches
         mean, per_stage = bubble(records)
         summary.update(bubble_fraction=mean, bubble_per_stage=per_stage, ideal_bubble_fraction=(S - 1) / (M + S - 1),
                        live_peak_per_stage=[r["live_peak"] for r in records], breakdown_per_stage=breakdown(records))

@@ -92,7 +92,8 @@ class Model(keras.Model):
     gradients (stage 2, Note [Gradients summed on their owners] in tarantella/sharding/gradients_to_owners.py);
     "weights": it also holds only their weights, which each layer gathers when it runs (stage 3, Note [Weights
     gathered layer by layer] in tarantella/sharding/gathered_weights.py); None: the launcher's --shard (default
-    off). Not with pipelining."""
+    off). With ALL, "optimizer" shards each stage's optimizer state over the stage's replicas (Note [A stage's
+    replicas share its optimizer state] in tarantella/pipeline/step_collectives.py); stages 2-3 not."""
 
     # What tnt-repro's records call this model's strategy (read there without importing this module).
     tnt_strategy = "data parallel (tnt.Model)"
@@ -106,17 +107,12 @@ class Model(keras.Model):
                                  f"{type(model).__name__}'s {', '.join(user_steps.overridden(model))} cannot be kept; "
                                  f"use ParallelStrategy.DATA for a model with its own training logic")
             shard = sharding.resolve_mode(kwargs.pop("shard", None))
-            if shard is not None and runtime.get_size() > 1:
-                raise ValueError(f"tarantella: shard={shard!r} (or the launcher's --shard) shards data parallelism's "
-                                 f"training state, which is not available with pipelining (PIPELINING or ALL) in "
-                                 f"this release: each stage's ranks hold that stage's state; drop shard, or use "
-                                 f"ParallelStrategy.DATA")
             if runtime.get_size() == 1:  # Note [A pipelined model on one rank]
                 _log_one_rank_pipeline(kwargs)
                 return super().__new__(cls)
             from tarantella.pipeline import make_pipelined_model
             return make_pipelined_model(model, data_parallel=parallel_strategy == ParallelStrategy.ALL,
-                                        **kwargs)
+                                        shard=shard, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, model: keras.Model, parallel_strategy=ParallelStrategy.DATA,

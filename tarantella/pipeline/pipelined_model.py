@@ -61,7 +61,7 @@ from tarantella.pipeline.schedules import (FORWARD, Pass, check_micro_batches, d
                                            schedule as make_schedule)
 from tarantella.pipeline.compiled_step import MicroBatchData, StageStep
 from tarantella.pipeline.stage_errors import naming_the_stage
-from tarantella.pipeline.step_collectives import StepCollectives
+from tarantella.pipeline.step_collectives import StepCollectives, check_shard
 from tarantella.pipeline.step_logs import StepLogs
 from tarantella.pipeline.topology import place
 from tarantella.pipeline.updates_in_weight_pass import UpdatesInWeightPass, updates_in_weight_pass
@@ -98,9 +98,10 @@ class PipelinedModel(keras.Model):
     def __init__(self, model: keras.Model, *, num_micro_batches: int | None = None, schedule: str = "1f1b",
                  num_pipeline_stages: int | None = None, data_parallel: bool = False, balance_by: str = "time",
                  defer_weight_gradients: bool | int | None = None, name: str | None = None,
-                 batch_norm: str = batch_position.GLOBAL_BATCH_NORM):
+                 batch_norm: str = batch_position.GLOBAL_BATCH_NORM, shard: str | None = None):
         runtime.init()
         batch_position.check_batch_norm(batch_norm)
+        check_shard(shard)
         if exact_train_step.virtual_batches_from_environment():
             raise ValueError("tarantella: exact mode (TNT_EXACT_VIRTUAL_BATCHES, tnt-repro --mode exact) splits the "
                              "data-parallel train step into virtual micro-batches; a pipeline sums its micro-batches' "
@@ -132,6 +133,7 @@ class PipelinedModel(keras.Model):
         self._whole.check_same_partition()
         self._whole.start_weights()
         self._global_clipnorm = None
+        self.shard = shard
         self._channels = peer_channels.open_channels() if num_stages > 1 else None
         self.runner = StageStep(self.partition, placement, self._channels)
         self._collectives = StepCollectives(placement, self.runner)
@@ -207,6 +209,8 @@ class PipelinedModel(keras.Model):
         self._global_clipnorm = clipping.global_clipnorm if self.placement.num_stages > 1 else None
         if self._global_clipnorm:
             clipping.global_clipnorm = None
+        if self.shard is not None:
+            self._collectives.share_optimizer_state(self.optimizer)
 
     @property
     def loss_tracker(self) -> keras.metrics.Metric:

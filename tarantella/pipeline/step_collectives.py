@@ -19,18 +19,50 @@ gradients are made NaN, so every stage's LossScaleOptimizer takes the same
 decision (skip the step and lower the scale) and their scales stay equal.
 Without either, a stage applies its update as soon as its own passes are done
 (the first stage's drain then overlaps the last stage's update).
+
+Note [A stage's replicas share its optimizer state]
+With data-parallel replicas (ALL) and shard="optimizer" (ZeRO stage 1), a
+stage's optimizer is sharded over the stage's replicas as data parallelism's
+is over the world (Note [A sharded update] in tarantella/sharding/update.py):
+each replica keeps the slots of its own share of the stage's variables (whole
+variables to owners, balanced by bytes), updates them once the replicas'
+gradient allreduce is done, and hands the new values to the stage's other
+replicas (Note [Handing the updated weights over]); so each rank holds 1/R of
+its stage's optimizer state. The decisions about the whole model stay the
+pipeline's (Note above): they act on the replica-summed gradients, which every
+replica holds whole, before the sharded update reads them, so a
+LossScaleOptimizer's check there agrees on every replica. Saving takes each
+slot from the rank that holds it (stage_state.gather_optimizer_on_master takes
+a name from its lowest holder), loading keeps each rank's own (by name). Stages
+2 and 3 are refused, as DeepSpeed's pipeline engine refuses ZeRO-2 and -3: a
+stage sums its gradients over the micro-batches, so they exist whole on every
+replica until its last backward (stage 2 would save nothing at the peak), and
+stage 3 would gather every layer's weights once per micro-batch and pass.
 """
 from __future__ import annotations
 
+import logging
+
 import tensorflow as tf
 
-from tarantella import collectives, runtime
+from tarantella import collectives, runtime, sharding
 from tarantella.keras.blocking_allreduce import BlockingAllreduce
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.pipeline.compiled_step import LAYER_LOSSES_TAG, StageStep
 from tarantella.pipeline.topology import Placement
 
-__all__ = ["StepCollectives"]
+__all__ = ["StepCollectives", "check_shard"]
+
+logger = logging.getLogger("tarantella")
+
+
+def check_shard(shard) -> None:
+    """Note [A stage's replicas share its optimizer state]: the ZeRO stage a pipeline takes."""
+    if shard not in (None, "optimizer"):
+        raise ValueError(f"tarantella: shard={shard!r} (or the launcher's --shard) is not available with pipelining "
+                         f"(PIPELINING or ALL): a stage sums its gradients over the micro-batches, so only the "
+                         f"optimizer state is sharded over a stage's replicas (as DeepSpeed's pipeline engine allows "
+                         f"ZeRO-1 only); use shard='optimizer', or ParallelStrategy.DATA")
 
 
 class StepCollectives:
@@ -58,6 +90,15 @@ class StepCollectives:
             self.gradient_allreducer = GraphAllreducer([g.shape for g in backward], [g.dtype for g in backward],
                                                        group=self.stage_group)
         return self.gradient_allreducer(gradients[::-1])[::-1]
+
+    def share_optimizer_state(self, optimizer) -> None:
+        """shard="optimizer": the stage's optimizer sharded over the stage's replicas when it is built (Note [A
+        stage's replicas share its optimizer state])."""
+        if self.placement.num_replicas == 1:
+            logger.info("tarantella: shard='optimizer' with one replica per stage keeps each stage's optimizer "
+                        "state whole (there are no replicas to share it)")
+            return
+        sharding.shard_model_optimizer(optimizer, "optimizer", group=self.stage_group)
 
     def statistics_allreduce(self, tensor):
         """The sum over this stage's replicas of a small tensor a layer needs at once (BatchNormalization's

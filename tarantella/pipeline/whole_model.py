@@ -135,6 +135,7 @@ class WholeModel:
 
     def _gather_optimizer_on_master(self, stage_optimizer, stage_model) -> list:
         """Collective: the master's whole-model optimizer gets every stage's optimizer state (replica 0's ranks
-        come first, so a stage's state is taken from its replica 0)."""
+        come first, so a stage's state is taken from its replica 0; a slot of an optimizer sharded over the
+        replicas from the replica that holds it)."""
         return stage_state.gather_optimizer_on_master(stage_optimizer, stage_model.trainable_variables,
                                                       self.model.optimizer, self.model.trainable_variables)

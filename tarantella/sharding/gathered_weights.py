@@ -466,13 +466,16 @@ def shard_weights(model, rank: int, size: int) -> WeightGathering:
     return gathering
 
 
-def values_from_owners(variables: list, owners: list, rank: int, size: int) -> list:
-    """Collective: each variable's value (numpy) as its owner holds it, on every rank."""
+def values_from_owners(variables: list, owners: list, rank: int, size: int, group=None) -> list:
+    """Collective (over `group`, None: the world, whose members rank, size and owners count): each variable's
+    value (numpy) as its owner holds it, on every rank."""
     values = []
     for variable, owner in zip(variables, owners):
         buffer = (np.array(variable.numpy(), copy=True) if owner == rank
                   else np.empty(tuple(variable.shape), variable.dtype))
-        values.append(buffer if size == 1 else np.array(collectives.broadcast(buffer, root=owner), copy=True))
+        if size > 1:
+            buffer = np.array(collectives.broadcast(buffer, root=owner, group=group), copy=True)
+        values.append(buffer)
     return values
 
 

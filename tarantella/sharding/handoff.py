@@ -39,14 +39,18 @@ class WeightHandoff:
     """Made on every rank alike; `channels` are this optimizer's own, so its tags (the variables' indices in the
     optimizer's list) meet no other user of the engine's channels."""
 
-    def __init__(self, rank: int, size: int, channels, total_bytes: int = 0):
+    def __init__(self, rank: int, size: int, channels, total_bytes: int = 0, group=None):
+        """group: the collectives.Group whose members `rank`, `size` and the owners count (None: the world; a
+        pipeline stage's replicas, Note [A stage's replicas share its optimizer state] in
+        tarantella/pipeline/step_collectives.py)."""
         self.rank = rank
         self.size = size
         self.channels = channels          # kept open while the step graph uses its id
         self.channels_id = channels.id
         self._ops = tf_ops.load_ops()
         self.sends = SendCounter("tnt_weight_sends")
-        self._spread = SpreadTransfers(rank, size, channels, graph_marks.HANDED_OVER, total_bytes)
+        self._world_rank = group.world_rank_of if group is not None else int
+        self._spread = SpreadTransfers(rank, size, channels, graph_marks.HANDED_OVER, total_bytes, group)
 
     def __call__(self, variables: list, owners: list, tags: list, after) -> None:
         """Traced, after this rank's updates: the owners' new values everywhere (the same call on every rank).
@@ -68,12 +72,14 @@ class WeightHandoff:
                 value = tf.convert_to_tensor(variable)  # read after this rank's update of it
                 for peer in range(self.size):
                     if peer != self.rank:
-                        token = unchained(self._ops.tnt_send(value, channels=self.channels_id, peer=peer, tag=tag))
+                        token = unchained(self._ops.tnt_send(value, channels=self.channels_id,
+                                                             peer=self._world_rank(peer), tag=tag))
                         sent.append(graph_marks.mark(token, graph_marks.HANDED_OVER))  # timeline only
             else:
                 received = unchained(self._ops.tnt_receive(after, T=tf.as_dtype(variable.dtype),
                                                            shape=tuple(variable.shape),
-                                                           channels=self.channels_id, peer=owner, tag=tag))
+                                                           channels=self.channels_id,
+                                                           peer=self._world_rank(owner), tag=tag))
                 variable.assign(received)
                 graph_marks.mark_after_updates([variable], graph_marks.HANDED_OVER)  # timeline only
         self.sends.count(sent)

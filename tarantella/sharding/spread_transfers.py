@@ -59,15 +59,17 @@ def data_token(received: tf.Tensor) -> tf.Tensor:
 class SpreadTransfers:
     """Made on every rank alike; `channels`: the caller's own (its tags meet no other transfer)."""
 
-    def __init__(self, rank: int, size: int, channels, mark: str, total_bytes: int = 0):
+    def __init__(self, rank: int, size: int, channels, mark: str, total_bytes: int = 0, group=None):
         """total_bytes: of all the variables whose transfers run together (the hand-over, a step's gradients);
         those not above a rank's fair share of them go whole (Note above). 0: each transfer alone (a layer's
-        gather)."""
+        gather). group: the collectives.Group whose members `rank` and `size` count (None: the world)."""
         self.rank, self.size, self.channels = rank, size, channels
+        self._world_rank = group.world_rank_of if group is not None else int
         self.mark = mark    # the timeline's name for these transfers
         self.spread_bytes = runtime.settings().shard_spread_bytes
         self.fair_share = total_bytes / size
-        self.across_nodes = runtime.world_group().node_count > 1   # Note above: on one node, never
+        # Note above: on one node, never
+        self.across_nodes = (group.node_count if group is not None else runtime.world_group().node_count) > 1
         self.traced = 0     # transfers traced in parts (tests: evidence that they ran)
         self._ops = tf_ops.load_ops()
 
@@ -85,12 +87,13 @@ class SpreadTransfers:
         return [peer for peer in range(self.size) if peer != owner]
 
     def _send(self, tensor, peer: int, tag: int) -> tf.Tensor:
-        return graph_marks.mark(unchained(self._ops.tnt_send(tensor, channels=self.channels.id, peer=peer, tag=tag)),
-                                self.mark)   # timeline only
+        token = self._ops.tnt_send(tensor, channels=self.channels.id, peer=self._world_rank(peer), tag=tag)
+        return graph_marks.mark(unchained(token), self.mark)   # timeline only
 
     def _receive(self, after, dtype, count: int, peer: int, tag: int) -> tf.Tensor:
         return graph_marks.mark(unchained(self._ops.tnt_receive(after, T=dtype, shape=(count,),
-                                                                channels=self.channels.id, peer=peer, tag=tag)),
+                                                                channels=self.channels.id,
+                                                                peer=self._world_rank(peer), tag=tag)),
                                 self.mark)   # timeline only
 
     def broadcast(self, value, owner: int, shape, dtype, tag: int, after, parts: list[int]):

@@ -85,15 +85,21 @@ def resolve_mode(shard) -> str | None:
 class ShardedUpdate:
     """The sharding of one optimizer over the variables it is built on; made on every rank, in the same order
     (opens channels: a collective). `build` builds the optimizer (default: its own build). `mode`: "optimizer"
-    (stage 1) or "gradients" (stage 2: `reduce_to_owners` sums the gradients)."""
+    (stage 1) or "gradients" (stage 2: `reduce_to_owners` sums the gradients). `group`: the collectives.Group
+    whose members `size` and `rank` count, for mode "optimizer" (None: the world; a pipeline stage's replicas,
+    Note [A stage's replicas share its optimizer state] in tarantella/pipeline/step_collectives.py)."""
 
-    def __init__(self, variables: list, optimizer, size: int, rank: int, build=None, mode: str = "optimizer"):
+    def __init__(self, variables: list, optimizer, size: int, rank: int, build=None, mode: str = "optimizer",
+                 group=None):
+        if group is not None and mode != "optimizer":
+            raise ValueError(f"tarantella: shard={mode!r} shards over all ranks; only shard='optimizer' shards "
+                             f"over a group of them")
         self.variables = list(variables)
         sizes = [variable_bytes(v) for v in self.variables]
         # shard="weights": the owners are the ranks that hold the weights (gathered_weights.py drew them over the
         # whole model; an optimizer of some of its variables, a GAN's, takes theirs)
         self.owners = (_holders(self.variables) if mode == "weights" and size > 1 else assign_owners(sizes, size))
-        self.rank = rank
+        self.rank, self.size, self.group = rank, size, group
         self.owned = [v for v, owner in zip(self.variables, self.owners) if owner == rank]
         self._owner_and_tag = {id(v): (owner, tag) for tag, (v, owner) in enumerate(zip(self.variables, self.owners))}
         _check_shardable(optimizer, self.variables, size, mode)
@@ -106,7 +112,8 @@ class ShardedUpdate:
         _finalize_owned_only(optimizer, self)
         self.mode = mode
         # shard="weights": the owners keep their weights, which the others gather per layer (gathered_weights.py)
-        self.handoff = None if mode == "weights" else WeightHandoff(rank, size, channels.open_channels(), sum(sizes))
+        self.handoff = (None if mode == "weights" else
+                        WeightHandoff(rank, size, channels.open_channels(), sum(sizes), group))
         self._to_owners = (GradientsToOwners(rank, size, channels.open_channels(), sum(sizes))
                            if mode == "gradients" else None)
         # The whole-model figures of stages 2 and 3 (Note [A sharded update]); made now, collectively.
@@ -199,16 +206,16 @@ def shard_optimizer(optimizer, variables=None, mode: str = "optimizer"):
     return _shard(optimizer, variables, mode)
 
 
-def _shard(optimizer, variables, mode: str):
+def _shard(optimizer, variables, mode: str, group=None):
     if sharding_of(optimizer) is not None or getattr(optimizer, "_tnt_shards", False):
         return optimizer
     local_build, local_apply = optimizer.build, optimizer.apply
-    size, rank = runtime.get_size(), runtime.get_rank()
+    size, rank = (runtime.get_size(), runtime.get_rank()) if group is None else (group.size, group.rank)
 
     def build(var_list):
         with tf.init_scope():  # its state is made eagerly, also when first built inside a traced step
             optimizer._tnt_sharded_update = ShardedUpdate(var_list, optimizer, size, rank, build=local_build,
-                                                          mode=mode)
+                                                          mode=mode, group=group)
 
     def apply(grads, trainable_variables=None):
         update = sharding_of(optimizer)
@@ -229,9 +236,10 @@ def _shard(optimizer, variables, mode: str):
     return optimizer
 
 
-def shard_model_optimizer(optimizer, mode: str):
-    """tnt.Model's sharding of its optimizer, in any mode (shard="weights" included: the model gathers)."""
-    return _shard(optimizer, None, mode)
+def shard_model_optimizer(optimizer, mode: str, group=None):
+    """tnt.Model's sharding of its optimizer, in any mode (shard="weights" included: the model gathers); a
+    pipeline stage's over its replicas (`group`, mode "optimizer")."""
+    return _shard(optimizer, None, mode, group)
 
 
 def sharding_of(optimizer) -> ShardedUpdate | None:
@@ -319,7 +327,7 @@ def _finalize_owned_only(optimizer, update: ShardedUpdate) -> None:
         finalize(update.owned)
         if unscaled_optimizer(optimizer).use_ema and len(set(update.owners)) > 1 and update.handoff is not None:
             for variable, value in zip(update.variables, gathered_weights.values_from_owners(
-                    update.variables, update.owners, update.rank, runtime.get_size())):
+                    update.variables, update.owners, update.rank, update.size, update.group)):
                 variable.assign(value)
 
     optimizer.finalize_variable_values = finalize_variable_values

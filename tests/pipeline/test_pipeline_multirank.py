@@ -71,3 +71,19 @@ def test_layers_that_look_at_the_batch_follow_serial_per_micro_batch(ranks):
                                     "gpipe: random layers draw serial's values per micro-batch",
                                     "one micro-batch: BatchNormalization over the replicas is serial's",
                                     "four micro-batches: the replicas share each micro-batch's statistics", "done"])
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_replicas_of_a_stage_share_its_optimizer_state_and_train_as_unsharded():
+    """Issue 21: shard="optimizer" with ParallelStrategy.ALL (2 stages x 2 replicas), under op determinism."""
+    result = run_ranks(4, os.path.join(PROGRAMS, "sharded_replicas.py"), timeout=280,
+                       env={"TNT_TIMEOUT_SECONDS": "60"}).check()
+    for set_up in ("SGD with momentum", "AdamW excluding biases from decay", "Adam with global_clipnorm",
+                   "RMSprop with a schedule and EMA", "LossScaleOptimizer(Adam, global_clipnorm)"):
+        for rank in range(4):
+            assert f"OK {set_up}: bitwise unsharded;" in result.rank_stdout.get(rank, ""), result.describe()
+    check_all_ranks(result, 4, ["each rank keeps the optimizer state of its share of its stage",
+                                "save writes the whole optimizer state, equal to the unsharded pipeline's",
+                                "load_model resumes sharded from either file as the unsharded pipeline does",
+                                "stages 2 and 3 are refused with pipelining in one line", "done"])

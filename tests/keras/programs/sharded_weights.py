@@ -280,7 +280,7 @@ if size > 1:
     refused(lambda: tnt.shard_optimizer(keras.optimizers.Adam(), build().trainable_variables, mode="weights"),
             "are not among them")
     refused(lambda: tnt.gathered_gradients(None, 0.0, build().trainable_variables), "use tnt.reduce_gradients")
-    refused(lambda: tnt.Model(build(), parallel_strategy=tnt.ParallelStrategy.ALL, shard="optimizer"),
+    refused(lambda: tnt.Model(build(), parallel_strategy=tnt.ParallelStrategy.ALL, shard="weights"),
             "not available with pipelining")
     refused(lambda: tnt.broadcast_variables(tnt.Model(build(), shard="weights").variables), "broadcast before it")
     refused(lambda: tnt.Model(keras.Sequential([keras.layers.Dense(3)]), shard="weights"), "is not built")
