@@ -223,8 +223,7 @@ class Model(keras.Model):
         (every rank writes with --output-on-all-devices, like the output callbacks). Not a collective,
         except with shard="optimizer": then every rank must call it, the master gathers every rank's optimizer
         state and writes the file alone. Load it with keras.saving.load_model or tnt.models.load_model."""
-        self._check_savable()
-        if self._sharded_update is not None:  # Note [Saving and restoring sharded optimizer state]
+        if self._saves_sharded():  # Note [Saving and restoring sharded optimizer state]
             with self._whole_weights_on_master(), self._gathered_optimizer_state() as writes:
                 if writes:
                     self._write(filepath, overwrite, **kwargs)
@@ -233,11 +232,9 @@ class Model(keras.Model):
             return
         self._write(filepath, overwrite, **kwargs)
 
-    def _check_savable(self) -> None:
-        if self._own_logic and self._is_sharded():
-            raise ValueError(f"tarantella: saving {type(self._model).__name__} (its own training logic) with "
-                             f"shard={self.shard!r} is not available in this release: each rank holds only its share "
-                             f"of its optimizers' state; train it unsharded to save it")
+    def _saves_sharded(self) -> bool:
+        """Whether saving gathers every rank's optimizer state on the master (a collective)."""
+        return self._sharded_update is not None or (self._own_logic and self._is_sharded())
 
     def _whole_weights_on_master(self):
         """shard="weights": the master holds every weight while it writes them (a collective)."""
@@ -250,40 +247,50 @@ class Model(keras.Model):
         return gathered_weights.shard_weights(model, runtime.get_rank(), self.world_size)
 
     def _gathered_optimizer_state(self):
+        if self._own_logic:   # Note [Saving a model with its own training logic, sharded]
+            return sharding_checkpoint.own_optimizers_gathered_on_master(self._model)
         return sharding_checkpoint.gathered_on_master(self.optimizer, self._sharded_update.owned,
                                                       self._model.optimizer, self._model.trainable_variables)
 
-    def _write(self, filepath, overwrite, **kwargs) -> None:
+    def _write(self, filepath, overwrite, save=None, **kwargs) -> None:
+        """The wrapped model's `save` (or save_weights) to `filepath`."""
+        save = save or self._model.save
         path = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
-        if path is None or not path.endswith(".keras") or not overwrite:
-            self._model.save(filepath, overwrite=overwrite, **kwargs)
+        suffix = next((s for s in (".keras", ".weights.h5") if path is not None and path.endswith(s)), None)
+        if suffix is None or not overwrite:
+            save(filepath, overwrite=overwrite, **kwargs)
             return
-        # Written aside, then renamed: ranks writing one path together, and readers, never see half a file.
+        # Written aside, then renamed: ranks writing one path together (with --output-on-all-devices; HDF5 would
+        # refuse the second writer's lock), and readers, never see half a file.
         directory, name = os.path.split(os.path.abspath(path))
-        scratch = os.path.join(directory, f".{name}.rank{runtime.get_rank()}.tmp.keras")
-        self._model.save(scratch, overwrite=True, **kwargs)
+        scratch = os.path.join(directory, f".{name}.rank{runtime.get_rank()}.tmp{suffix}")
+        save(scratch, overwrite=True, **kwargs)
         os.replace(scratch, path)
 
     def save_weights(self, filepath, overwrite=True, **kwargs):
         """As save: the master writes (every rank with --output-on-all-devices); with shard="optimizer" a
         collective, the master writes alone."""
-        self._check_savable()
-        if self._sharded_update is not None:
+        if self._saves_sharded():
             with self._whole_weights_on_master(), self._gathered_optimizer_state() as writes:
                 if writes:
-                    self._model.save_weights(filepath, overwrite=overwrite, **kwargs)
+                    self._write(filepath, overwrite, save=self._model.save_weights, **kwargs)
             return
         if rank_callbacks.output_on_this_rank():
-            self._model.save_weights(filepath, overwrite=overwrite, **kwargs)
+            self._write(filepath, overwrite, save=self._model.save_weights, **kwargs)
 
     def load_weights(self, filepath, *args, **kwargs):
         """Not a collective. With shard="optimizer" each rank that reads the file keeps its own share of the
         optimizer state (Note [Saving and restoring sharded optimizer state])."""
-        if self._sharded_update is None:
+        if not self._saves_sharded():
             self._model.load_weights(filepath, *args, **kwargs)
             return
         if self._gathering is not None:   # the file holds every weight; this rank keeps its own (below)
             self._gathering.hold_all()
+        if self._own_logic:   # Note [Saving a model with its own training logic, sharded]
+            with sharding_checkpoint.own_optimizers_read_whole(self._model):
+                self._model.load_weights(filepath, *args, **kwargs)
+            self.release_unowned_weights()
+            return
         sharding_checkpoint.prepare_to_load(self._model.optimizer, self._model.trainable_variables)
         self._model.load_weights(filepath, *args, **kwargs)
         sharding_checkpoint.take_share(self.optimizer, self._model.optimizer)
@@ -313,7 +320,7 @@ class Model(keras.Model):
 
     def share_restored_optimizer_state(self) -> None:
         """Collective: every rank's share of the master's restored optimizer state (BackupAndRestore)."""
-        sharding_checkpoint.share_from_master(self.optimizer, self._model.optimizer)
+        sharding_checkpoint.share_from_master(self.optimizer, self._model.optimizer, self._model.trainable_variables)
 
     # --- compile -------------------------------------------------------------
 
@@ -332,6 +339,8 @@ class Model(keras.Model):
 
     def _compile_like_own_logic(self):
         """This model compiled for Keras's fit loop only; the steps, loss and metrics are the wrapped model's."""
+        if self._is_sharded():   # a loaded model's optimizers hold the whole state: each rank takes its share
+            sharding_checkpoint.take_share_when_built(self._model)
         super().compile(optimizer=self._model.optimizer or "rmsprop", jit_compile=False)
         self._distribute_own_optimizers()
         self._close_allreducers()

@@ -86,7 +86,7 @@ def gather_optimizer_on_master(part_optimizer, part_variables, whole_optimizer, 
     master, the whole optimizer's variables (to release once written)."""
     if not part_optimizer.built:
         part_optimizer.build(part_variables)
-    mine = optimizer_state_by_name(part_optimizer)
+    mine = optimizer_state_by_name(part_optimizer, whole_variables)
     infos = collectives.allgather_object({n: (tuple(v.shape), v.dtype) for n, v in mine.items()})
     owner, specs = {}, {}
     for r, info in enumerate(infos):
@@ -101,19 +101,25 @@ def gather_optimizer_on_master(part_optimizer, part_variables, whole_optimizer, 
         return []
     if not whole_optimizer.built:
         whole_optimizer.build(whole_variables)
-    state = optimizer_state_by_name(whole_optimizer)
+    state = optimizer_state_by_name(whole_optimizer, whole_variables)
     assign_by_name(state, gathered)
     return list(state.values())
 
 
-def optimizer_state_by_name(optimizer) -> dict:
+def optimizer_state_by_name(optimizer, model_variables=None) -> dict:
     """{variable name: variable} of an optimizer's state (iteration count, learning rate, slots).
     Names (not paths, which start with the optimizer's own name) derive from the model variable's
-    path, so they are the same for a stage's optimizer and the whole model's."""
+    path, so they are the same for a stage's optimizer and the whole model's. With `model_variables`
+    (every model variable the optimizers involved are built on, the same list on every rank) a slot's
+    name starts with its variable's index there instead of its path: a model's automatic name (hence
+    its variables' paths) differs between ranks that built different models before it."""
+    prefixes = sorted(((v.path.replace("/", "_") + "_", f"#{i}_") for i, v in enumerate(model_variables or [])),
+                      key=lambda pair: -len(pair[0]))   # the longest path first: "dense_1" before "dense"
     state, seen = {}, {}
     for v in optimizer.variables:
-        count = seen[v.name] = seen.get(v.name, 0) + 1    # a wrapper's and its inner optimizer's iteration
-        state[v.name if count == 1 else f"{v.name}#{count}"] = v
+        name = next((index + v.name[len(path):] for path, index in prefixes if v.name.startswith(path)), v.name)
+        count = seen[name] = seen.get(name, 0) + 1    # a wrapper's and its inner optimizer's iteration
+        state[name if count == 1 else f"{name}#{count}"] = v
     return state
 
 

@@ -8,23 +8,42 @@ a collective: every rank's owned state is gathered by name into the master's
 copy (built on all variables there, for the time of the write), the master
 writes one ordinary file, plain Keras can load it, and the copy's storage is
 released again. Restoring reads the whole state into the copy, and each rank
-keeps the state of the variables it owns (names derive from the variables'
-paths, so they match across ranks and rank counts: a file written at one rank
-count resumes at another). A rank that reads the file itself takes its share
+keeps the state of the variables it owns (a slot is named by its variable's
+position in the model, so names match across ranks, whatever models a rank
+built before, and across rank counts: a file written at one rank count
+resumes at another). A rank that reads the file itself takes its share
 and releases the rest; where only the master reads it (BackupAndRestore, whose
 backup lives on the master's file system) the master sends every rank the
 state by name (`share_from_master`), one variable at a time.
+
+Note [Saving a model with its own training logic, sharded]
+A model with its own train_step keeps its optimizers in its own attributes
+(keras.io's GAN: d_optimizer, g_optimizer; or the compiled `optimizer`), and
+sharding shards those objects in place (tnt.Model._distribute_own_optimizers),
+so there is no unsharded copy that a file of the model would write. Saving
+gathers each built sharded optimizer's state on the master into a whole copy
+(as above) and, for the time of the write, the master's model holds the
+copies under the attribute names Keras's saving walks; the file is the one
+unsharded training writes. Loading the file (tnt.models.load_model) gives
+optimizers built with the whole state: each is replaced by an unbuilt copy
+that takes its own share when the first step builds it. Reading a file into
+the running model (load_weights) reads into whole copies built on each
+sharded optimizer's variables, of which each takes its share; an optimizer not
+built yet (no step has run) does not know its variables, so that is refused.
 """
 from __future__ import annotations
 
 import contextlib
 
+import keras
 import numpy as np
 
 from tarantella import collectives, runtime
 from tarantella.pipeline import stage_state
 
-__all__ = ["gathered_on_master", "prepare_to_load", "take_share", "release", "share_from_master"]
+__all__ = ["gathered_on_master", "prepare_to_load", "take_share", "release", "share_from_master",
+           "own_optimizers_gathered_on_master", "own_optimizers_read_whole", "take_share_when_built",
+           "pending_share"]
 
 
 @contextlib.contextmanager
@@ -61,13 +80,13 @@ def release(whole_optimizer) -> None:
             stage_state.release(variable)
 
 
-def share_from_master(part_optimizer, whole_optimizer) -> None:
-    """Collective: the master's loaded whole state reaches every rank's own optimizer, by name; the master
-    releases the whole after."""
+def share_from_master(part_optimizer, whole_optimizer, variables) -> None:
+    """Collective: the master's loaded whole state reaches every rank's own optimizer, by name (relative to the
+    model's `variables`, stage_state.optimizer_state_by_name); the master releases the whole after."""
     master = runtime.get_master_rank()
-    whole = stage_state.optimizer_state_by_name(whole_optimizer) if runtime.is_master_rank() else {}
+    whole = stage_state.optimizer_state_by_name(whole_optimizer, variables) if runtime.is_master_rank() else {}
     specs = collectives.broadcast_object({n: (tuple(v.shape), v.dtype) for n, v in whole.items()}, root=master)
-    mine = stage_state.optimizer_state_by_name(part_optimizer)
+    mine = stage_state.optimizer_state_by_name(part_optimizer, variables)
     for name in sorted(specs):
         shape, dtype = specs[name]
         buffer = (np.array(whole[name].numpy(), copy=True) if name in whole
@@ -77,3 +96,98 @@ def share_from_master(part_optimizer, whole_optimizer) -> None:
             mine[name].assign(value)
     if whole:
         release(whole_optimizer)
+
+
+def _sharded_attributes(model) -> dict:
+    """{attribute name: optimizer} of `model`'s attributes holding an optimizer sharded by tnt.shard_optimizer."""
+    return {name: value for name, value in vars(model).items()
+            if isinstance(value, keras.optimizers.Optimizer) and getattr(value, "_tnt_shards", False)}
+
+
+@contextlib.contextmanager
+def _replaced(model, replacements: dict):
+    """Within: every attribute of `model` holding an optimizer in `replacements` ({id: new}) holds the new one.
+    Set past Keras's attribute tracking, as Keras's saving reads them (getattr)."""
+    swapped = {name: value for name, value in _sharded_attributes(model).items() if id(value) in replacements}
+    for name, value in swapped.items():
+        object.__setattr__(model, name, replacements[id(value)])
+    try:
+        yield
+    finally:
+        for name, value in swapped.items():
+            object.__setattr__(model, name, value)
+
+
+@contextlib.contextmanager
+def own_optimizers_gathered_on_master(model):
+    """Collective (Note [Saving a model with its own training logic, sharded]): within, the master's `model`
+    holds, in place of each built sharded optimizer, a whole copy with every rank's state; yields whether this
+    rank is the master, the one that writes."""
+    from tarantella.keras.distributed_optimizer import unscaled_optimizer
+    from tarantella.keras.models import unbuilt_copy
+    from tarantella.sharding.update import sharding_of
+    optimizers = {id(o): o for o in _sharded_attributes(model).values() if sharding_of(o) is not None}
+    with contextlib.ExitStack() as stack:
+        wholes = {}
+        for key in sorted(optimizers, key=lambda k: _order(model, optimizers[k])):   # every rank alike
+            optimizer, update = optimizers[key], sharding_of(optimizers[key])
+            # The sharded update took global_clipnorm off the optimizer (Note [A sharded update]); the file keeps
+            # it, in the whole copy and in the model's compile config, which holds the optimizer itself.
+            stack.callback(setattr, unscaled_optimizer(optimizer), "global_clipnorm", None)
+            unscaled_optimizer(optimizer).global_clipnorm = update.global_clipnorm
+            whole = unbuilt_copy(optimizer)
+            if stack.enter_context(gathered_on_master(optimizer, update.owned, whole, update.variables)):
+                wholes[key] = whole
+        with _replaced(model, wholes):
+            yield runtime.is_master_rank()
+
+
+@contextlib.contextmanager
+def own_optimizers_read_whole(model):
+    """For reading a file into `model` (Note [Saving a model with its own training logic, sharded]): within, each
+    sharded optimizer is a whole copy with storage for all its variables; after, each takes its share of what was
+    read."""
+    from tarantella.keras.models import unbuilt_copy
+    from tarantella.sharding.update import sharding_of
+    optimizers = {id(o): o for o in _sharded_attributes(model).values()}
+    unbuilt = [name for name, o in _sharded_attributes(model).items() if sharding_of(o) is None]
+    if unbuilt:
+        raise ValueError(f"tarantella: {type(model).__name__}'s sharded {', '.join(unbuilt)} is not built yet, so "
+                         f"its share of a file's state is not known; load the file with "
+                         f"tnt.models.load_model(path, shard=...)")
+    wholes = {}
+    for key, optimizer in optimizers.items():
+        wholes[key] = unbuilt_copy(optimizer)
+        prepare_to_load(wholes[key], sharding_of(optimizer).variables)
+    with _replaced(model, wholes):
+        yield
+    for key, optimizer in optimizers.items():
+        take_share(optimizer, wholes[key])
+        release(wholes[key])
+
+
+def take_share_when_built(model) -> None:
+    """For a loaded model with its own training logic about to be sharded (Note [Saving a model with its own
+    training logic, sharded]): each optimizer attribute built with a file's whole state is replaced by an unbuilt
+    copy, which takes its own share of that state once it is built (sharding's build calls `pending_share`)."""
+    from tarantella.keras.models import unbuilt_copy
+    copies = {}
+    for name, value in list(vars(model).items()):
+        if isinstance(value, keras.optimizers.Optimizer) and value.built and not getattr(value, "_tnt_shards", False):
+            if id(value) not in copies:
+                copies[id(value)] = unbuilt_copy(value)
+                copies[id(value)]._tnt_loaded_whole = value
+            object.__setattr__(model, name, copies[id(value)])
+
+
+def pending_share(optimizer) -> None:
+    """Just built on this rank's share: take that share of the loaded whole state it replaced, if any."""
+    whole = getattr(optimizer, "_tnt_loaded_whole", None)
+    if whole is not None:
+        take_share(optimizer, whole)
+        optimizer._tnt_loaded_whole = None
+
+
+def _order(model, optimizer) -> str:
+    """A name every rank gives the same optimizer: its first attribute name."""
+    return min(name for name, value in vars(model).items() if value is optimizer)

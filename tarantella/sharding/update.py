@@ -54,7 +54,7 @@ from tarantella import config, runtime
 from tarantella.keras.distributed_optimizer import unscaled_optimizer
 from tarantella.pipeline import channels
 from tarantella.keras.blocking_allreduce import BlockingAllreduce
-from tarantella.sharding import gathered_weights
+from tarantella.sharding import checkpoint, gathered_weights
 from tarantella.sharding.gradients_to_owners import GradientsToOwners
 from tarantella.sharding.handoff import WeightHandoff
 from tarantella.sharding.owners import assign_owners, describe, variable_bytes
@@ -216,6 +216,7 @@ def _shard(optimizer, variables, mode: str, group=None):
         with tf.init_scope():  # its state is made eagerly, also when first built inside a traced step
             optimizer._tnt_sharded_update = ShardedUpdate(var_list, optimizer, size, rank, build=local_build,
                                                           mode=mode, group=group)
+            checkpoint.pending_share(optimizer)   # a loaded model's (Note [Saving a model with its own ...])
 
     def apply(grads, trainable_variables=None):
         update = sharding_of(optimizer)

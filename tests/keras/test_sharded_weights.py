@@ -19,7 +19,7 @@ CHECKS = ["evaluate and predict give unsharded's results",
           "save writes one plain .keras file, equal to unsharded training's",
           "a saved model loads sharded and resumes as unsharded",
           "a custom loop with tnt.shard_weights and tnt.gathered_gradients trains as unsharded",
-          "a model's own train_step trains sharded 'weights' as unsharded",
+          "a model's own train_step trains, saves and resumes sharded 'weights' as unsharded",
           "unsupported uses are refused with one line",
           "mixed_float16 with a LossScaleOptimizer and op determinism train as unsharded", "done"]
 

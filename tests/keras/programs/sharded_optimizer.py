@@ -9,7 +9,9 @@ tnt.Model unsharded and tnt.Model(shard=mode) for each mode. Checks: the sharded
 bit for bit and serial's within 1e-6 (float32 set-ups), the same on every rank; the optimizer state
 per rank is only the owned variables'; model.save writes the whole optimizer state, equal to the unsharded
 model's; tnt.models.load_model(shard=...) resumes from it as the unsharded model does; models with their own
-train_step, custom loops, mixed precision. Prints "OK <check>" ("OK <set-up>: bitwise unsharded (<mode>)").
+train_step (trained, saved, resumed), custom loops, mixed precision. Prints "OK <check>" ("OK <set-up>: bitwise
+unsharded (<mode>)"). Rank 0 alone builds a serial model to save (as a user's script may): the models' automatic
+names then differ between the ranks, which saving and loading must not mind.
 
 Grappler's arithmetic optimizer is off: it rewrites a learning-rate schedule's tensor differently depending
 on how many variables' updates consume it (unsharded: all of them; sharded: this rank's), which moves
@@ -168,12 +170,44 @@ for mode in MODES:
     assert_bitwise(unsharded.get_weights(), sharded.get_weights(), f"a model's own train_step sharded {mode!r}")
 if size > 1:
     assert len(sharded.optimizer.variables) < len(unsharded.optimizer.variables)
-    try:
-        sharded.save(os.path.join(directory, "own.keras"))
-        raise AssertionError("saving a sharded model with its own training logic should be refused")
-    except ValueError as error:
-        assert "not available in this release" in str(error), error
 print("OK a model's own train_step trains sharded as unsharded", flush=True)
+
+# Saving it gathers its optimizer's state on the master (Note [Saving a model with its own training logic, sharded]).
+own = {"OwnStep": OwnStep}
+own_unsharded, own_sharded = os.path.join(directory, "own.keras"), os.path.join(directory, "own_sharded.keras")
+own_weights = os.path.join(directory, "own.weights.h5")
+unsharded.save(own_unsharded)
+unsharded.save_weights(own_weights)
+sharded.save(own_sharded)
+tnt.barrier()
+expected = [v.numpy() for v in keras.saving.load_model(own_unsharded, custom_objects=own).optimizer.variables]
+got = [v.numpy() for v in keras.saving.load_model(own_sharded, custom_objects=own).optimizer.variables]
+assert len(expected) == len(got) > 4 and all(np.array_equal(a, b) for a, b in zip(expected, got)), \
+    "the saved own-step model's optimizer state differs from unsharded training's"
+
+
+def resumed_own(path, shard=None):
+    keras.utils.set_random_seed(3)   # each load draws the Dropout layer's seed state
+    model = tnt.models.load_model(path, custom_objects=own, shard=shard)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+expected = resumed_own(own_unsharded)
+for path, shard in ((own_sharded, "optimizer"), (own_unsharded, "gradients")):
+    assert_bitwise(expected, resumed_own(path, shard), f"an own-step model resumed from {path} sharded {shard!r}")
+
+
+def reloaded_own(shard=None):
+    """Trained an epoch (its optimizer built), then given the saved weights and optimizer state, and trained on."""
+    model = train(tnt.Model(own_step_model(), shard=shard), make_optimizer, epochs=1)
+    model.load_weights(own_weights)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+assert_bitwise(reloaded_own(), reloaded_own("gradients"), "an own-step model's load_weights sharded")
+print("OK a model's own train_step saves sharded as unsharded; load_model and load_weights resume it", flush=True)
 
 
 # A custom loop: tnt.reduce_gradients, then the sharded optimizer, built by its first apply inside the step.

@@ -232,7 +232,8 @@ def own_step_model():
 
 
 make_optimizer = SET_UPS["Adam with global_clipnorm"]
-expected = train(tnt.Model(own_step_model()), make_optimizer).get_weights()
+unsharded = train(tnt.Model(own_step_model()), make_optimizer)
+expected = unsharded.get_weights()
 sharded = train(tnt.Model(own_step_model(), shard="weights"), make_optimizer)
 assert_holds_own_share(sharded, "a model's own train_step")
 if size in (1, 2, 4):
@@ -240,6 +241,26 @@ if size in (1, 2, 4):
 else:
     difference = max(float(np.max(np.abs(a - b))) for a, b in zip(expected, sharded.get_weights()))
     assert difference < 1e-6, f"rank {rank} a model's own train_step: {difference:.3g} from unsharded"
+
+# Saved, it is the file unsharded training writes (Note [Saving a model with its own training logic, sharded]),
+# and tnt.models.load_model resumes it sharded as unsharded.
+own = {"OwnStep": OwnStep}
+paths = [os.path.join(directory, name) for name in ("own.keras", "own_sharded.keras")]
+unsharded.save(paths[0])
+sharded.save(paths[1])
+tnt.barrier()
+if size in (1, 2, 4):
+    files = [keras.saving.load_model(path, custom_objects=own) for path in paths]
+    assert_bitwise(files[0].get_weights(), files[1].get_weights(), "the saved own-step model's weights")
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(
+        files[0].optimizer.variables, files[1].optimizer.variables)), "the saved own-step model's optimizer state"
+    resumed = []
+    for path, shard in zip(paths, (None, "weights")):
+        keras.utils.set_random_seed(3)   # each load draws the Dropout layer's seed state
+        model = tnt.models.load_model(path, custom_objects=own, shard=shard)
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        resumed.append(model.get_weights())
+    assert_bitwise(*resumed, "an own-step model resumed sharded 'weights'")
 
 
 def two_optimizers(shard):
@@ -258,7 +279,7 @@ def two_optimizers(shard):
 
 if size <= 2:   # each rank owns one of each optimizer's variables up to 2 ranks (else a one-line error)
     assert_bitwise(two_optimizers(None), two_optimizers("weights"), "two optimizers in a model's own train_step")
-print("OK a model's own train_step trains sharded 'weights' as unsharded", flush=True)
+print("OK a model's own train_step trains, saves and resumes sharded 'weights' as unsharded", flush=True)
 
 
 def refused(make, words):
