@@ -143,6 +143,7 @@ class Model(keras.Model):
         self.shard = shard
         self._loaded_optimizer = None     # a built optimizer handed to compile: its state, for the sharded one
         self._master_restores_for_all = False
+        self._restored_wholes = []   # own training logic: (optimizer, whole) the master restored for all
         self._allreducers: list[tuple[str, GraphAllreducer]] = []  # (purpose, allreducer)
         self._gradient_allreducer: GraphAllreducer | None = None
         self._metric_state_count = 0  # metric tensors riding at the end of the gradient allreducer
@@ -287,8 +288,14 @@ class Model(keras.Model):
         if self._gathering is not None:   # the file holds every weight; this rank keeps its own (below)
             self._gathering.hold_all()
         if self._own_logic:   # Note [Saving a model with its own training logic, sharded]
-            with sharding_checkpoint.own_optimizers_read_whole(self._model):
-                self._model.load_weights(filepath, *args, **kwargs)
+            pairs = sharding_checkpoint.read_own_whole(self._model,
+                                                       lambda: self._model.load_weights(filepath, *args, **kwargs))
+            if self._master_restores_for_all:
+                self._restored_wholes = pairs
+                return
+            for optimizer, whole in pairs:
+                sharding_checkpoint.take_share(optimizer, whole)
+                sharding_checkpoint.release(whole)
             self.release_unowned_weights()
             return
         sharding_checkpoint.prepare_to_load(self._model.optimizer, self._model.trainable_variables)
@@ -305,8 +312,9 @@ class Model(keras.Model):
 
     @property
     def is_sharded(self) -> bool:
-        """Whether this rank keeps only its share of the optimizer state (shard="optimizer", set up by fit)."""
-        return self._sharded_update is not None
+        """Whether this rank keeps only its share of the optimizer state (shard=..., set up by fit; a model with its
+        own training logic: its optimizers, once built)."""
+        return self._saves_sharded()
 
     @contextlib.contextmanager
     def master_restores_for_all(self):
@@ -320,7 +328,14 @@ class Model(keras.Model):
 
     def share_restored_optimizer_state(self) -> None:
         """Collective: every rank's share of the master's restored optimizer state (BackupAndRestore)."""
-        sharding_checkpoint.share_from_master(self.optimizer, self._model.optimizer, self._model.trainable_variables)
+        if not self._own_logic:
+            sharding_checkpoint.share_from_master(self.optimizer, self._model.optimizer,
+                                                  self._model.trainable_variables)
+            return
+        restored, self._restored_wholes = dict((id(o), w) for o, w in self._restored_wholes), []
+        for optimizer in sharding_checkpoint.built_sharded_optimizers(self._model):   # every rank alike
+            sharding_checkpoint.share_from_master(optimizer, restored.get(id(optimizer)),
+                                                  sharding.sharding_of(optimizer).variables)
 
     # --- compile -------------------------------------------------------------
 

@@ -27,9 +27,11 @@ copies under the attribute names Keras's saving walks; the file is the one
 unsharded training writes. Loading the file (tnt.models.load_model) gives
 optimizers built with the whole state: each is replaced by an unbuilt copy
 that takes its own share when the first step builds it. Reading a file into
-the running model (load_weights) reads into whole copies built on each
-sharded optimizer's variables, of which each takes its share; an optimizer not
-built yet (no step has run) does not know its variables, so that is refused.
+the running model (load_weights, BackupAndRestore) reads into whole copies
+built on each sharded optimizer's variables, of which each takes its share
+(BackupAndRestore: the master reads, then sends each rank its share, as
+above); an optimizer not built yet keeps no state from the file, as serial
+Keras's does not (Keras skips it with a warning).
 """
 from __future__ import annotations
 
@@ -42,8 +44,8 @@ from tarantella import collectives, runtime
 from tarantella.pipeline import stage_state
 
 __all__ = ["gathered_on_master", "prepare_to_load", "take_share", "release", "share_from_master",
-           "own_optimizers_gathered_on_master", "own_optimizers_read_whole", "take_share_when_built",
-           "pending_share"]
+           "built_sharded_optimizers", "own_optimizers_gathered_on_master", "read_own_whole",
+           "take_share_when_built", "pending_share"]
 
 
 @contextlib.contextmanager
@@ -118,6 +120,14 @@ def _replaced(model, replacements: dict):
             object.__setattr__(model, name, value)
 
 
+def built_sharded_optimizers(model) -> list:
+    """The sharded optimizers in `model`'s attributes that are built, each once, in the same order on every rank
+    (by their first attribute name)."""
+    from tarantella.sharding.update import sharding_of
+    found = {id(o): o for o in _sharded_attributes(model).values() if sharding_of(o) is not None}
+    return sorted(found.values(), key=lambda o: min(n for n, v in vars(model).items() if v is o))
+
+
 @contextlib.contextmanager
 def own_optimizers_gathered_on_master(model):
     """Collective (Note [Saving a model with its own training logic, sharded]): within, the master's `model`
@@ -126,44 +136,35 @@ def own_optimizers_gathered_on_master(model):
     from tarantella.keras.distributed_optimizer import unscaled_optimizer
     from tarantella.keras.models import unbuilt_copy
     from tarantella.sharding.update import sharding_of
-    optimizers = {id(o): o for o in _sharded_attributes(model).values() if sharding_of(o) is not None}
     with contextlib.ExitStack() as stack:
         wholes = {}
-        for key in sorted(optimizers, key=lambda k: _order(model, optimizers[k])):   # every rank alike
-            optimizer, update = optimizers[key], sharding_of(optimizers[key])
+        for optimizer in built_sharded_optimizers(model):
+            update = sharding_of(optimizer)
             # The sharded update took global_clipnorm off the optimizer (Note [A sharded update]); the file keeps
             # it, in the whole copy and in the model's compile config, which holds the optimizer itself.
             stack.callback(setattr, unscaled_optimizer(optimizer), "global_clipnorm", None)
             unscaled_optimizer(optimizer).global_clipnorm = update.global_clipnorm
             whole = unbuilt_copy(optimizer)
             if stack.enter_context(gathered_on_master(optimizer, update.owned, whole, update.variables)):
-                wholes[key] = whole
+                wholes[id(optimizer)] = whole
         with _replaced(model, wholes):
             yield runtime.is_master_rank()
 
 
-@contextlib.contextmanager
-def own_optimizers_read_whole(model):
-    """For reading a file into `model` (Note [Saving a model with its own training logic, sharded]): within, each
-    sharded optimizer is a whole copy with storage for all its variables; after, each takes its share of what was
-    read."""
+def read_own_whole(model, read) -> list:
+    """Call `read` (a file's load into `model`) with each built sharded optimizer of `model` replaced by a whole
+    copy with storage for all its variables (Note [Saving a model with its own training logic, sharded]); returns
+    [(sharded optimizer, whole copy holding what was read)], for `take_share` or `share_from_master`. An optimizer
+    not built yet stays: Keras skips its state with a warning, as for serial Keras's."""
     from tarantella.keras.models import unbuilt_copy
     from tarantella.sharding.update import sharding_of
-    optimizers = {id(o): o for o in _sharded_attributes(model).values()}
-    unbuilt = [name for name, o in _sharded_attributes(model).items() if sharding_of(o) is None]
-    if unbuilt:
-        raise ValueError(f"tarantella: {type(model).__name__}'s sharded {', '.join(unbuilt)} is not built yet, so "
-                         f"its share of a file's state is not known; load the file with "
-                         f"tnt.models.load_model(path, shard=...)")
-    wholes = {}
-    for key, optimizer in optimizers.items():
-        wholes[key] = unbuilt_copy(optimizer)
-        prepare_to_load(wholes[key], sharding_of(optimizer).variables)
-    with _replaced(model, wholes):
-        yield
-    for key, optimizer in optimizers.items():
-        take_share(optimizer, wholes[key])
-        release(wholes[key])
+    pairs = []
+    for optimizer in built_sharded_optimizers(model):
+        pairs.append((optimizer, unbuilt_copy(optimizer)))
+        prepare_to_load(pairs[-1][1], sharding_of(optimizer).variables)
+    with _replaced(model, {id(optimizer): whole for optimizer, whole in pairs}):
+        read()
+    return pairs
 
 
 def take_share_when_built(model) -> None:
@@ -186,8 +187,3 @@ def pending_share(optimizer) -> None:
     if whole is not None:
         take_share(optimizer, whole)
         optimizer._tnt_loaded_whole = None
-
-
-def _order(model, optimizer) -> str:
-    """A name every rank gives the same optimizer: its first attribute name."""
-    return min(name for name, value in vars(model).items() if value is optimizer)

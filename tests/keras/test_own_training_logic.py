@@ -80,13 +80,16 @@ def test_custom_loop_example_matches_serial(n):
 
 @pytest.mark.multirank
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("n, shard", [(1, "off"), (2, "off"), (3, "optimizer"), (2, "gradients"), (2, "weights")])
-def test_backup_and_restore_resume_is_bitwise_equal(n, shard, tmp_path):
+@pytest.mark.parametrize("n, shard, own_step", [(1, "off", False), (2, "off", False), (3, "optimizer", False),
+                                                (2, "gradients", False), (2, "weights", False),
+                                                (2, "gradients", True), (2, "weights", True)])
+def test_backup_and_restore_resume_is_bitwise_equal(n, shard, own_step, tmp_path):
     """The same command twice: the first run is killed (os._exit on every rank) in epoch 3, the second
     resumes from the master's backup and must end with the uninterrupted run's weights, bit for bit; also with
-    the optimizer state sharded (each rank's share comes back from the master's backup)."""
+    the optimizer state sharded (each rank's share comes back from the master's backup), and for a model with
+    its own train_step."""
     program = os.path.join(PROGRAMS, "resume.py")
-    env = dict(ENV, SHARD=shard)
+    env = dict(ENV, SHARD=shard, **({"OWN_STEP": "1"} if own_step else {}))
     killed = run_ranks(n, program, args=[str(tmp_path)], timeout=180, env=env)
     assert killed.returncode != 0, killed.describe()
     assert sorted(os.listdir(tmp_path / "backup")) == ["latest.weights.h5", "training_metadata.json"]

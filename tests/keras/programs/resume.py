@@ -4,7 +4,8 @@ again with BackupAndRestore and kills itself (os._exit, every rank) in epoch 3, 
 says it did). The second, identical launch resumes from the master's backup and compares with the
 reference; one `RESULT <json>` line per rank. With SHARD=optimizer, gradients or weights in the environment the
 model's training state is sharded (ZeRO stage 1, 2 or 3): every rank joins the master's backups, and on resume
-takes its share of the restored state (and, stage 3, of the weights) from the master."""
+takes its share of the restored state (and, stage 3, of the weights) from the master. With OWN_STEP=1 the model
+has its own train_step."""
 import json
 import os
 import sys
@@ -15,6 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
+from own_train_step import OwnStep  # noqa: E402
 
 RANK, SIZE = tnt.get_rank(), tnt.get_size()
 OUT = sys.argv[1]
@@ -26,8 +28,10 @@ y = rng.integers(0, 3, size=70)
 
 def make():
     keras.utils.set_random_seed(21)
-    model = tnt.Model(keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
-                                        keras.layers.Dense(3)]), shard=os.environ.get("SHARD", "off"))
+    plain = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)])
+    if os.environ.get("OWN_STEP"):   # its own train_step (keras.io's "Customizing what happens in fit()")
+        plain = OwnStep(plain.inputs, plain.outputs)
+    model = tnt.Model(plain, shard=os.environ.get("SHARD", "off"))
     model.compile(optimizer=keras.optimizers.Adam(1e-2), metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
