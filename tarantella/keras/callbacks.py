@@ -84,6 +84,11 @@ class BackupAndRestoreFromMaster(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         master = runtime.is_master_rank()
         sharded = getattr(self.model, "is_sharded", False)
+        optimizer = getattr(self.model, "optimizer", None)
+        if runtime.get_size() > 1 and optimizer is not None and not optimizer.built:
+            # Built on every rank before the master reads the backup (Keras's load builds it otherwise, on the
+            # master alone: a sharded optimizer's build is a collective).
+            optimizer.build(self.model.trainable_variables)
         if master:
             with self.model.master_restores_for_all() if sharded else contextlib.nullcontext():
                 self.backup.on_train_begin(logs)
@@ -96,9 +101,6 @@ class BackupAndRestoreFromMaster(keras.callbacks.Callback):
         self.model._initial_epoch = epoch
         if sharded:
             self.model.share_restored_optimizer_state()
-        optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None and not optimizer.built:  # the master's restore built it
-            optimizer.build(self.model.trainable_variables)
         for variable in _state_variables(self.model, with_optimizers=not sharded):
             value = collectives.broadcast(np.array(variable.numpy(), copy=True), root=runtime.get_master_rank())
             if not master and not stage_state.is_released(variable):   # shard="weights": the owned ones

@@ -59,8 +59,15 @@ def results_from_state(metrics, values) -> dict:
     return results
 
 
+def _built(metrics) -> list:
+    """The metrics that hold a state: a compiled metric that a model's own train_step never updates stays
+    unbuilt, and Keras's logs leave it out."""
+    return [metric for metric in metrics if getattr(metric, "built", True)]
+
+
 def eager_global_results(metrics) -> dict:
     """Collective, outside tf.function (Keras calls get_metrics_result so at the end of an epoch)."""
+    metrics = _built(metrics)
     values = [np.asarray(variable.numpy()) for variable in metric_variables(metrics)]
     summed = [collectives.allreduce(value) if value.size else value for value in values]
     return results_from_state(metrics, [tf.convert_to_tensor(value) for value in summed])
@@ -68,6 +75,7 @@ def eager_global_results(metrics) -> dict:
 
 def graph_global_results(metrics, allreducer_for) -> dict:
     """Inside a traced step: `allreducer_for(tensors)` gives the GraphAllreducer for these tensors."""
+    metrics = _built(metrics)
     values = metric_state(metrics)
     summed = allreducer_for(values)(values) if values else []
     return results_from_state(metrics, summed)
