@@ -121,11 +121,11 @@ def _replaced(model, replacements: dict):
 
 
 def built_sharded_optimizers(model) -> list:
-    """The sharded optimizers in `model`'s attributes that are built, each once, in the same order on every rank
-    (by their first attribute name)."""
+    """The sharded optimizers of `model` that are built, each once, in the order every rank finds them in
+    (distributed_optimizer.optimizers_of, which also shards them in that order)."""
+    from tarantella.keras.distributed_optimizer import optimizers_of
     from tarantella.sharding.update import sharding_of
-    found = {id(o): o for o in _sharded_attributes(model).values() if sharding_of(o) is not None}
-    return sorted(found.values(), key=lambda o: min(n for n, v in vars(model).items() if v is o))
+    return [o for o in optimizers_of(model) if getattr(o, "_tnt_shards", False) and sharding_of(o) is not None]
 
 
 @contextlib.contextmanager
@@ -133,17 +133,12 @@ def own_optimizers_gathered_on_master(model):
     """Collective (Note [Saving a model with its own training logic, sharded]): within, the master's `model`
     holds, in place of each built sharded optimizer, a whole copy with every rank's state; yields whether this
     rank is the master, the one that writes."""
-    from tarantella.keras.distributed_optimizer import unscaled_optimizer
     from tarantella.keras.models import unbuilt_copy
     from tarantella.sharding.update import sharding_of
     with contextlib.ExitStack() as stack:
         wholes = {}
         for optimizer in built_sharded_optimizers(model):
             update = sharding_of(optimizer)
-            # The sharded update took global_clipnorm off the optimizer (Note [A sharded update]); the file keeps
-            # it, in the whole copy and in the model's compile config, which holds the optimizer itself.
-            stack.callback(setattr, unscaled_optimizer(optimizer), "global_clipnorm", None)
-            unscaled_optimizer(optimizer).global_clipnorm = update.global_clipnorm
             whole = unbuilt_copy(optimizer)
             if stack.enter_context(gathered_on_master(optimizer, update.owned, whole, update.variables)):
                 wholes[id(optimizer)] = whole

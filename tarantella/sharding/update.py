@@ -21,8 +21,9 @@ shard="optimizer" they all hold the same summed gradients; under "gradients"
 each owner computes its variables' figures, a squared sum, whether all are
 finite, whether there is a gradient, and one small allreduce gives them to
 every rank: adding zeros is exact, so every rank holds the owners' bits):
-- `global_clipnorm`: the norm over all gradients. It is taken off the
-  optimizer (which would see only its part) and the owned gradients are
+- `global_clipnorm`: the norm over all gradients. It is held off the
+  optimizer while it applies its part (it would clip by that part's norm;
+  its config keeps it, so a saved file does too) and the owned gradients are
   scaled by Keras's own factor, computed with Keras's arithmetic
   (clip_by_global_norm in keras/src/optimizers/base_optimizer.py) on the
   gradients the optimizer would have clipped: unscaled by a
@@ -45,6 +46,7 @@ serial. With that pass off (tf.config.optimizer.set_experimental_options(
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import keras
@@ -107,7 +109,6 @@ class ShardedUpdate:
         inner = unscaled_optimizer(optimizer)
         # Note [A sharded update]: the whole model's norm is taken here, not by the optimizer.
         self.global_clipnorm = inner.global_clipnorm
-        inner.global_clipnorm = None
         (build or optimizer.build)(self.owned)
         _finalize_owned_only(optimizer, self)
         self.mode = mode
@@ -148,7 +149,8 @@ class ShardedUpdate:
                              f"{type(optimizer).__name__}.apply updates, so its iteration count would fall behind; "
                              f"apply the optimizer to more variables at once, or do not shard it")
         gradients = self._whole_model_decisions(optimizer, list(gradients), [i in mine for i in range(len(owners))])
-        (apply or optimizer.apply)([gradients[i] for i in mine], [variables[i] for i in mine])
+        with _global_clipnorm_held_off(optimizer):
+            (apply or optimizer.apply)([gradients[i] for i in mine], [variables[i] for i in mine])
         if self.handoff is None:   # shard="weights": nobody else holds them
             return
         # The receives are posted once this rank's own updates are written (Note [Handing the updated weights over]).
@@ -268,6 +270,18 @@ def _as_the_optimizer_clips_them(optimizer, gradients: list) -> list:
     if factor is not None:
         gradients = [g if g is None else g / factor for g in gradients]
     return gradients
+
+
+@contextlib.contextmanager
+def _global_clipnorm_held_off(optimizer):
+    """Within (while its apply is traced): the optimizer does not clip by the norm of its own part (Note [A sharded
+    update])."""
+    inner = unscaled_optimizer(optimizer)
+    kept, inner.global_clipnorm = inner.global_clipnorm, None
+    try:
+        yield
+    finally:
+        inner.global_clipnorm = kept
 
 
 def _squared_sum(gradient):
