@@ -17,7 +17,9 @@ split of a backward into B and W (Qi et al. 2023), a stage's backward pass
 (B) computes only the input gradients and keeps each Dense layer's x_m and
 dz_m; a weight pass (W, schedules.with_weight_passes) computes X^T dZ for the
 micro-batches whose B passes ran since the last W pass. The B pass is then
-shorter, and so is the time the other stages wait for it.
+shorter, and so is the time the other stages wait for it, the more so as it
+takes its input gradients in the faster form of Note [The input gradient as
+kernel dz^T] below.
 
 What it costs: x_m and dz_m of every micro-batch whose W pass has not run (a
 layer's input and output gradient, not the whole forward's activations).
@@ -37,6 +39,34 @@ does not, deferring gave -2 % and +26 % peak memory.
 A B pass's results include its dz's, so the backward's work runs in that
 pass (not later, whenever TensorFlow's executor is free, which would keep the
 tape's activations alive and blur the per-pass timestamps).
+
+Note [The input gradient as kernel dz^T]
+A B pass gives the stage before it dx = dz kernel^T. TensorFlow's own gradient
+of x @ kernel computes it as one product with the kernel transposed (MatMul with
+transpose_b). At a micro-batch's few rows oneDNN runs that product about twice
+as slowly as one that reads the kernel as it is stored: the same numbers come
+from (kernel dz^T)^T, a product with the kernel untransposed and only dz
+transposed, then a transpose of the small rows x units result. Measured on the
+2-core machine, one thread, 4 chained layers, medians of 3 alternating rounds,
+ms per product (python -m bench.pipeline.input_gradient, load 0.7):
+                          rows  4     8     16    32    64    128
+    Dense(512)   dz K^T         0.088 0.091 0.169 0.231 0.310 0.508
+                 (K dz^T)^T     0.137 0.098 0.121 0.165 0.243 0.432
+    Dense(2048)  dz K^T         1.22  2.02  2.37  3.14  4.69  7.97
+                 (K dz^T)^T     1.31  1.31  1.25  1.83  3.67  6.82
+Below 8 rows TensorFlow's form stays (faster there at both widths; at 8 rows
+the other takes 1.08 x its time at Dense(512), 0.65 x at Dense(2048)). The two forms
+add the same products in another order, so dx can differ from serial Keras's in
+the last bits, as a micro-batch's products already may (a pipelined model equals
+serial within tolerance: tnt-repro's EQUIVALENT); it is the same on every run,
+so a pipeline stays bitwise reproducible. Only the deferred B pass takes it.
+Tried for a B pass that also makes the weight gradients (1F1B's default where
+deferring would hold more than it saves), through a custom gradient of the
+whole layer: a 4-layer stage's forward and backward took 1.60 against 1.56 ms
+with TensorFlow's own gradient at Dense(512) and 16 rows, 5.90 against 5.78 at
+128 rows, 21.9 against 25.8 at Dense(2048) and 16 rows (where 1F1B defers by
+default anyway); a 2-stage pipeline of 8 x Dense(512) at global batch 1024 with
+it ran 6 % slower (2 A/B pairs). Not kept.
 
 Only plain keras.layers.Dense layers (not subclasses, not quantized, no LoRA,
 no mixed precision, 2-D inputs) are deferred; any other layer's weight
@@ -183,4 +213,12 @@ def _dense(x, kernel, bias, activation, pending):
 
 def _input_gradient(x, dz, kernel, pending):
     pending.append((x, dz))
-    return tf.matmul(dz, kernel, transpose_b=True)
+    rows = dz.shape[0]
+    if rows is not None and rows < _FEW_ROWS:
+        return tf.matmul(dz, kernel, transpose_b=True)
+    return tf.transpose(tf.matmul(kernel, dz, transpose_b=True))   # Note [The input gradient as kernel dz^T]
+
+
+# Micro-batches of fewer rows than this take dz kernel^T, TensorFlow's own form (Note [The input gradient as
+# kernel dz^T]).
+_FEW_ROWS = 8
