@@ -65,9 +65,13 @@ Flags (units and defaults)
   -x KEY=VALUE, -x KEY      export KEY=VALUE to every rank, or KEY with the value it has
                             in the launcher's environment (as mpirun -x KEY; an error if
                             KEY is not set there); repeatable
-  --bind-to none|socket     mpirun's binding: none is the default; socket (or numa,
-                            package) means --pin-to-socket; core, hwthread and the rest
-                            are refused (tarantella pins whole sockets with numactl)
+  --bind-to core|none|socket
+                            mpirun's binding. core, the default: local rank i of L
+                            runs on the i-th of L equal blocks of its host's cores
+                            (with their hardware threads), where every rank gets at
+                            least one core and outside Slurm (there srun's --cpu-bind
+                            binds); a rank alone on its host keeps all of them. none:
+                            unbound. socket (or numa, package): --pin-to-socket
   --map-by slot|ppr:N:node  mpirun's mapping: slot is what tarantella always does (fill
                             each host's slots in order); ppr:N:node means --npernode N;
                             other mappings (node, socket, ...) are refused
@@ -91,9 +95,10 @@ What every rank receives in its environment
                             another size stops at tnt.init() with WorldSizeError
   -x variables              as given
   OMP_NUM_THREADS, TF_NUM_INTRAOP_THREADS
-                            the rank's share of its host's CPUs (CPUs // ranks on the
-                            host, at least 1; pinned: the CPUs of its socket), unless
-                            set in the launcher's environment or with -x
+                            the rank's share of its host's CPUs (the CPUs of its
+                            cores when bound to them, else CPUs // ranks on the host,
+                            at least 1; pinned: the CPUs of its socket), unless set
+                            in the launcher's environment or with -x
   TF_NUM_INTEROP_THREADS    2, unless set: one inter-op thread may wait in a blocking
                             collective while the other keeps the backward pass going
   plus what the MPI sets (OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, ...). Other
@@ -205,8 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-x", dest="exports", action="append", default=[], metavar="KEY[=VALUE]",
                         help="export KEY=VALUE, or KEY with its value here (an error if unset), to every "
                              "rank; repeatable")
-    parser.add_argument("--bind-to", metavar="none|socket", default=None,
-                        help="mpirun's: none (the default) or socket/numa (= --pin-to-socket)")
+    parser.add_argument("--bind-to", metavar="core|none|socket", default=None,
+                        help="mpirun's: core (the default: each rank on its share of the host's cores), none, "
+                             "or socket/numa (= --pin-to-socket)")
     parser.add_argument("--map-by", metavar="slot|ppr:N:node", default=None,
                         help="mpirun's: slot (what tarantella does anyway) or ppr:N:node "
                              "(= --npernode N)")

@@ -52,6 +52,7 @@ class LaunchPlan:
     pin_prefixes: tuple[str, ...] = ()  # numactl prefix per local rank; () = no pinning
     threads_per_rank: int | None = None  # thread default: pinned, the CPUs of one NUMA node;
                                          # in Slurm, SLURM_CPUS_PER_TASK
+    bind_cores: bool = False            # each local rank on its share of the host's cores (rank_wrapper.py)
     in_slurm: bool = False              # inside an allocation, which places the ranks
     launch_agent: str | None = None     # --launch-agent: starts MPI's daemons on other hosts
     network_interface: str | None = None  # --network-interface: interface name or subnet
@@ -179,9 +180,12 @@ def make_plan(args, environ: Mapping[str, str], launcher_kind: str,
         threads = min(len(node.cpus) for node in nodes)
     elif in_slurm:
         threads = _slurm_int(environ, "SLURM_CPUS_PER_TASK")  # sbatch -c: each rank's CPUs
+    # Note [Binding each rank to its share of the cores] in rank_wrapper.py: not where numactl pins whole
+    # sockets, not in Slurm (srun's --cpu-bind), not when --bind-to none said so.
+    bind_cores = not prefixes and not in_slurm and getattr(args, "bind_cores", True)
 
     return LaunchPlan(nranks=nranks, hosts=hosts, npernode=args.npernode, in_slurm=in_slurm,
                       ranks_per_host=ranks_per_host, program=tuple(program), rank_env=rank_env,
                       output_all=config.output_on_all_devices, errors_all=config.log_on_all_devices,
-                      pin_prefixes=prefixes, threads_per_rank=threads,
+                      pin_prefixes=prefixes, threads_per_rank=threads, bind_cores=bind_cores,
                       launch_agent=agent, network_interface=interface)

@@ -52,6 +52,8 @@ def rank_command(plan: LaunchPlan, python: str | None = None) -> list[str]:
         command += ["--local-rank-prefix", prefix]
     if plan.threads_per_rank:
         command += ["--threads-per-rank", str(plan.threads_per_rank)]
+    if plan.bind_cores:
+        command.append("--bind-cores")
     return command + ["--", *plan.program]
 
 

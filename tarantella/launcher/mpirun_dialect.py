@@ -2,8 +2,8 @@
 
 `-np N`, `-N N` (also `-npernode`, `-ppn`), `-hostfile` and `-host`/`-hosts` are aliases of `-n N`,
 `--npernode N`, `--hostfile` and `-H` (argparse, cli.py). This module takes the two flags that do not
-map one to one: `--bind-to` (tarantella itself gives Open MPI `--bind-to none` and pins whole sockets
-with numactl) and `--map-by` (tarantella fills each host's slots in order, mpirun's `--map-by slot`).
+map one to one: `--bind-to` (tarantella itself gives Open MPI `--bind-to none`, binds each local rank to
+its share of the host's cores in its rank wrapper, and pins whole sockets with numactl) and `--map-by` (tarantella fills each host's slots in order, mpirun's `--map-by slot`).
 A value with no tarantella equivalent is refused with a one-line error saying what to write instead.
 """
 from __future__ import annotations
@@ -30,12 +30,16 @@ def _bind_to(args, what: str) -> None:
     if what == "none":
         if args.pin_to_socket or args.pin_memory_to_socket:
             raise PlanError("--bind-to none contradicts --pin-to-socket/--pin-memory-to-socket; give one of them")
+        args.bind_cores = False
+        return
+    if what == "core":   # the default: each local rank on its share of the cores
         return
     if what in _SOCKET_LIKE:
         args.pin_to_socket = True
         return
-    raise PlanError(f"--bind-to {args.bind_to}: tarantella binds whole sockets only (numactl); write "
-                    f"--bind-to socket or --pin-to-socket, or --bind-to none (the default) to leave ranks unbound")
+    raise PlanError(f"--bind-to {args.bind_to}: tarantella binds each rank to its share of the cores (--bind-to "
+                    f"core, the default) or whole sockets (--bind-to socket, numactl); write one of them, or "
+                    f"--bind-to none to leave ranks unbound")
 
 
 def _map_by(args, what: str) -> None:

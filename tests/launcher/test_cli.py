@@ -41,7 +41,7 @@ BAD = {
     "no program": ["-n", "2"],
     "no program after --": ["-n", "2", "--"],
     "-x NAME not set here": ["-x", "TNT_TEST_SURELY_UNSET_VARIABLE", "{script}"],
-    "--bind-to core": ["--bind-to", "core", "{script}"],
+    "--bind-to hwthread": ["--bind-to", "hwthread", "{script}"],
     "--bind-to none with pinning": ["--bind-to", "none", "--pin-to-socket", "{script}"],
     "--map-by node": ["--map-by", "node", "{script}"],
     "--map-by and --npernode disagree": ["--map-by", "ppr:2:node", "--npernode", "3", "{script}"],

@@ -5,7 +5,8 @@ means there, or is refused with one line saying what to write in tarantella's di
     -H h1:2,h2:2, -H h1,h2     hosts and their slots (also --host, -host; MPICH's -hosts)
     --hostfile FILE            hosts from FILE (also mpirun's -hostfile)
     -N N, --npernode N         ranks per host (also -npernode; MPICH's -ppn); mpirun's -N, not srun's
-    --bind-to none|socket      --pin-to-socket for socket; core, hwthread, ... refused
+    --bind-to core|none|socket core (the default) binds each local rank to its share of the cores; none
+                               does not; socket means --pin-to-socket; hwthread, ... refused
     --map-by slot|ppr:N:node   slot is tarantella's placement; ppr:N:node is --npernode N; others refused
     -x NAME, -x NAME=VALUE     NAME with the launcher's value (refused if unset), or VALUE
 """
@@ -99,8 +100,14 @@ def test_bind_to_socket_pins_and_none_does_not(capsys, script):
     for value in ("numa", "package", "socket:overload-allowed"):
         assert wrapper_part(dry_run(capsys, ["-n", "2", "--bind-to", value, script],
                                     probe_numa=lambda: NODES)) == pinned, value
+    assert "--bind-cores" not in pinned
     unbound = dry_run(capsys, ["-n", "2", "--bind-to", "none", script])
-    assert unbound == dry_run(capsys, ["-n", "2", script]) and "--local-rank-prefix" not in unbound
+    assert "--local-rank-prefix" not in unbound and "--bind-cores" not in wrapper_part(unbound)
+    bound = dry_run(capsys, ["-n", "2", script])
+    assert "--bind-cores" in wrapper_part(bound) and bound == dry_run(capsys, ["-n", "2", "--bind-to", "core", script])
+    assert "--bind-cores" not in wrapper_part(dry_run(capsys, ["-n", "2", script],
+                                                      environ={**os.environ, "SLURM_JOB_ID": "7", "SLURM_NTASKS": "2"})), \
+        "in Slurm, binding is srun's"
 
 
 def test_map_by_ranks_per_node(capsys, script, hosts):
@@ -120,8 +127,8 @@ def test_map_by_slot_is_tarantellas_own_placement(capsys, script, hosts):
 
 # What is refused, and words the one-line error must contain: what was wrong and what to write.
 REFUSED = {
-    "--bind-to core": (["--bind-to", "core"], ["--bind-to core", "--pin-to-socket", "--bind-to none"]),
-    "--bind-to hwthread": (["--bind-to", "hwthread"], ["--bind-to hwthread", "--pin-to-socket"]),
+    "--bind-to hwthread": (["--bind-to", "hwthread"], ["--bind-to hwthread", "--bind-to core", "--bind-to socket",
+                                                       "--bind-to none"]),
     "--bind-to none with pinning": (["--bind-to", "none", "--pin-to-socket"], ["contradicts"]),
     "--bind-to socket, too many ranks": (["-n", "4", "--bind-to", "socket"],
                                          ["2 NUMA node(s)", "--npernode 2", "--bind-to socket"]),
@@ -189,7 +196,7 @@ def test_help_describes_x_and_the_aliases(capsys):
     out = capsys.readouterr().out
     for needed in ("-x KEY=VALUE, -x KEY", "as mpirun -x KEY; an error if", "-np N", "-hostfile",
                    "-host", "-hosts", "-npernode", "-ppn", "mpirun's -N", "srun's -N",
-                   "--bind-to none|socket", "--map-by slot|ppr:N:node"):
+                   "--bind-to core|none|socket", "--map-by slot|ppr:N:node"):
         assert needed in out, needed
 
 

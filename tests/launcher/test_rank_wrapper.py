@@ -8,7 +8,7 @@ import pytest
 from tarantella.launcher.mpirun_command import WRAPPER_PATH
 from tarantella.launcher.rank_wrapper import (EXIT_RECORD_MARKER, INTEROP_THREADS,
                                               decode_exit_record, decode_start_record,
-                                              encode_exit_record, rank_identity,
+                                              core_share, encode_exit_record, rank_identity,
                                               thread_defaults)
 
 
@@ -112,3 +112,47 @@ def test_thread_variables_reach_the_program():
                  "os.environ['TF_NUM_INTEROP_THREADS'])", 0, size=1)
     cpus = len(os.sched_getaffinity(0))
     assert done.stdout.split() == [str(cpus), str(INTEROP_THREADS)]
+
+
+# ---- binding to a share of the cores (Note [Binding each rank to its share of the cores]) ------------
+
+def _smt(cpu):
+    """4 cores of 2 hardware threads, Linux's usual numbering: CPU c and c + 4 are one core's."""
+    return 0, cpu % 4
+
+
+def _two_sockets(cpu):
+    return cpu // 4, cpu % 4
+
+
+def test_each_local_rank_gets_its_block_of_whole_cores():
+    assert [core_share([0, 1], r, 2) for r in (0, 1)] == [[0], [1]]
+    assert [core_share(range(8), r, 2, core_of=_smt) for r in (0, 1)] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert [core_share(range(8), r, 4, core_of=_smt) for r in range(4)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    # Blocks follow socket and core numbers, not CPU numbers: two ranks, one socket each.
+    assert [core_share([4, 0, 5, 1, 6, 2, 7, 3], r, 2, core_of=_two_sockets) for r in (0, 1)] == \
+        [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [core_share(range(4), r, 3, core_of=lambda c: (0, c)) for r in range(3)] == [[0], [1], [2]], \
+        "the remainder of an uneven split stays unused"
+    assert core_share([2, 3], 1, 2) == [3], "a share of the mask the rank was given"
+
+
+def test_no_share_alone_oversubscribed_or_unknown():
+    assert core_share(range(4), 0, 1) is None
+    assert core_share([0, 1], 2, 3) is None
+    assert core_share(range(8), 1, 5, core_of=_smt) is None, "5 ranks on 4 cores"
+    assert core_share(range(4), 0, None) is None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_bind_cores_runs_the_program_on_its_share_with_threads_to_match():
+    program = ("import os; print(sorted(os.sched_getaffinity(0)), os.environ['TF_NUM_INTRAOP_THREADS'], "
+               "os.environ['TF_NUM_INTEROP_THREADS'])")
+    mask = sorted(os.sched_getaffinity(0))
+    for rank in (0, 1):
+        share = core_share(mask, rank, 2)
+        done = _wrap(program, rank, options=["--bind-cores", "--output", "all"])
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"[{rank}] {share} {len(share)} {INTEROP_THREADS}", done.stdout
+    unbound = _wrap(program, 0)
+    assert unbound.stdout.split("]")[0] + "]" == str(mask), unbound.stdout
