@@ -9,6 +9,9 @@ weight gradients are summed, in one tf.function each, and prints the medians of 
 ratio. Each micro-batch reads every weight again in its forward and input-gradient passes and writes a
 full-size weight gradient, so at few rows per micro-batch the passes are bound by memory, not arithmetic:
 a ratio r caps a pipeline of S stages at M micro-batches to S * M / (M + S - 1) / r x serial's compute.
+A third timing runs the micro-batches as a pipeline stage does with deferred weight gradients (the default
+of 1F1B at these sizes): the same Keras Dense layers under weight_gradients.DeferredDense, each micro-batch's
+backward giving only its input gradient, one weight pass over all rows after the last.
 """
 import argparse
 import os
@@ -17,8 +20,11 @@ import time
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from tarantella.pipeline.weight_gradients import DeferredDense  # noqa: E402
 
 
 def main() -> None:
@@ -45,19 +51,39 @@ def main() -> None:
             sums = [s + g for s, g in zip(sums, tape.gradient(loss, weights))]
         return sums
 
+    stage = keras.Sequential([keras.Input((args.width,))] + [keras.layers.Dense(args.width, activation="relu",
+                                                                                 use_bias=False)
+                                                              for _ in range(args.layers)])
+    for layer, w in zip(stage.layers, weights):
+        layer.kernel.assign(w)
+
+    @tf.function
+    def deferred_passes(x, parts):
+        layers = DeferredDense(stage, stage.trainable_variables)
+        for rows in tf.split(x, parts):
+            with tf.GradientTape() as tape:
+                tape.watch(rows)
+                with layers.recording():
+                    loss = tf.reduce_sum(stage(rows))
+            tape.gradient(loss, rows)
+        return layers.weight_pass([None] * len(stage.trainable_variables))
+
     x = tf.random.normal((args.batch, args.width))
     medians = {}
-    for parts in (1, args.micro_batches):
-        passes(x, parts)  # trace
+    for name, function, parts in (("1 micro-batch", passes, 1),
+                                  (f"{args.micro_batches} micro-batches", passes, args.micro_batches),
+                                  (f"{args.micro_batches} micro-batches, weight gradients deferred", deferred_passes,
+                                   args.micro_batches)):
+        function(x, parts)  # trace
         times = []
         for _ in range(7):
             began = time.perf_counter()
-            passes(x, parts)
+            function(x, parts)
             times.append(time.perf_counter() - began)
-        medians[parts] = float(np.median(times))
-        print(f"{args.layers} x Dense({args.width}), {args.batch} rows in {parts} micro-batch(es): "
-              f"{1e3 * medians[parts]:.1f} ms", flush=True)
-    print(f"ratio {medians[args.micro_batches] / medians[1]:.2f} (load average {os.getloadavg()[0]:.2f})")
+        medians[name] = float(np.median(times))
+        print(f"{args.layers} x Dense({args.width}), {args.batch} rows in {name}: {1e3 * medians[name]:.1f} ms "
+              f"(ratio {medians[name] / medians['1 micro-batch']:.2f})", flush=True)
+    print(f"load average {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

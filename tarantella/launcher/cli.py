@@ -136,7 +136,8 @@ Mechanics
   found does it use srun. Settings reach the ranks through mpirun's -x, so sbatch
   --export=NONE does not lose them; sbatch -c C gives each rank C threads
   (OMP_NUM_THREADS, TF_NUM_INTRAOP_THREADS). Open MPI gets --bind-to none (its
-  default would bind each rank, threads and all, to one core), --allow-run-as-root
+  default would bind each rank, threads and all, to one core; the rank wrapper binds
+  each rank to its share of the cores instead, --bind-to core), --allow-run-as-root
   when run as root, and --oversubscribe when more ranks than physical cores run on
   this host outside Slurm. Every rank runs the program under
   tarantella/launcher/rank_wrapper.py (threads, pinning, output, start and exit

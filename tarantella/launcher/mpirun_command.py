@@ -9,8 +9,9 @@ command printed by --dry-run is exactly the one that runs.
 Open MPI specifics
   --allow-run-as-root   only when the launcher runs as root (euid 0)
   --bind-to none        always: Open MPI's default binds each rank to one core, so
-                        all threads of a rank would share it; binding, when asked
-                        for, is numactl's job (--pin-to-socket)
+                        all threads of a rank would share it; binding is the rank
+                        wrapper's (each local rank on its share of the cores,
+                        --bind-cores) or numactl's (--pin-to-socket)
   --oversubscribe       when, without a hostfile, more ranks than physical cores are
                         asked for (Open MPI would refuse to start them otherwise);
                         with a hostfile each host gets exactly its ranks as slots;
