@@ -3,7 +3,8 @@
 `-np N`, `-N N` (also `-npernode`, `-ppn`), `-hostfile` and `-host`/`-hosts` are aliases of `-n N`,
 `--npernode N`, `--hostfile` and `-H` (argparse, cli.py). This module takes the two flags that do not
 map one to one: `--bind-to` (tarantella itself gives Open MPI `--bind-to none`, binds each local rank to
-its share of the host's cores in its rank wrapper, and pins whole sockets with numactl) and `--map-by` (tarantella fills each host's slots in order, mpirun's `--map-by slot`).
+its share of the host's cores in its rank wrapper, and pins whole sockets with numactl) and `--map-by`
+(tarantella fills each host's slots in order, mpirun's `--map-by slot`).
 A value with no tarantella equivalent is refused with a one-line error saying what to write instead.
 """
 from __future__ import annotations

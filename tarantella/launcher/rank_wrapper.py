@@ -65,10 +65,13 @@ Note [Binding each rank to its share of the cores]
   the engine's progress thread take turns on them, where unbound the kernel may
   put two ranks' compute threads on one core while the progress threads, which
   poll while a transfer is awaited, take the other. Measured on the 2-core
-  machine, 2-stage 1F1B pipelines at M = 8, global batch 128, A/B pairs in one
-  sitting (bench/pipeline/program.py --pin against without): 8 x Dense(2048)
-  481 / 479 against 438 / 447 samples/s, 8 x Dense(512) 7711 / 7251 against
-  7232 / 6508. Not bound: a rank alone on its host (it keeps the whole mask),
+  machine, `tarantella -n 2` against `tarantella -n 2 --bind-to none`, A/B pairs
+  in one sitting (bench/pipeline/program.py): a 2-stage 1F1B pipeline of
+  8 x Dense(512) at M = 8, global batch 128, median 6784 against 6418 samples/s
+  (5 pairs; the waits inside the step 1-1.5 ms shorter per stage in each);
+  data parallelism on the same model 6902-7232 against 5428-6372 (3 pairs);
+  the pipeline of 8 x Dense(2048) medians 455 against 448 (5 pairs).
+  Not bound: a rank alone on its host (it keeps the whole mask),
   more local ranks than cores (a share would be less than a core), a local rank
   count the MPI does not say, and Slurm, where binding is srun's (--cpu-bind)
   and a rank's mask may already be its task's.

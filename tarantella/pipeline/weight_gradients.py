@@ -44,9 +44,9 @@ Note [The input gradient as kernel dz^T]
 A B pass gives the stage before it dx = dz kernel^T. TensorFlow's own gradient
 of x @ kernel computes it as one product with the kernel transposed (MatMul with
 transpose_b). At a micro-batch's few rows oneDNN runs that product about twice
-as slowly as one that reads the kernel as it is stored: the same numbers come
-from (kernel dz^T)^T, a product with the kernel untransposed and only dz
-transposed, then a transpose of the small rows x units result. Measured on the
+as slowly as one that reads the kernel as it is stored: the same product, its
+additions in another order, is (kernel dz^T)^T, with the kernel untransposed and
+only dz transposed, then a transpose of the small rows x units result. Measured on the
 2-core machine, one thread, 4 chained layers, medians of 3 alternating rounds,
 ms per product (python -m bench.pipeline.input_gradient, load 0.7):
                           rows  4     8     16    32    64    128
