@@ -7,8 +7,8 @@ results/pipeline_defaults/.
 Per model (8 x Dense(W), Adam) and global batch: serial on one TensorFlow thread (`tarantella -n 1` with
 TF_NUM_INTRAOP_THREADS=TF_NUM_INTEROP_THREADS=1), and a 2-stage 1F1B pipeline at M = 8 launched with
 `tarantella -n 2` and nothing else (the launcher's defaults: each rank its share of the threads and
-cores; program.py --launcher-threads), its model built in `tnt.deferred_weights()`, with weight gradients per backward and
-deferred to one weight pass per step (1F1B's default picks one: weight_gradients.defer_by_default). The
+cores; program.py --launcher-threads), its model built in `tnt.deferred_weights()`, with weight
+gradients per backward and deferred to one weight pass per step (1F1B's default picks one: weight_gradients.defer_by_default). The
 configurations alternate within each repeat (A/B/C, A/B/C, ...), so drift in the machine's speed touches
 all alike; rows are medians over the repeats.
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 from bench.machine import describe_machine, describe_source
 from bench.pipeline.sweep import REPO, median_row, run

@@ -104,9 +104,10 @@ def test_bind_to_socket_pins_and_none_does_not(capsys, script):
     unbound = dry_run(capsys, ["-n", "2", "--bind-to", "none", script])
     assert "--local-rank-prefix" not in unbound and "--bind-cores" not in wrapper_part(unbound)
     bound = dry_run(capsys, ["-n", "2", script])
-    assert "--bind-cores" in wrapper_part(bound) and bound == dry_run(capsys, ["-n", "2", "--bind-to", "core", script])
-    assert "--bind-cores" not in wrapper_part(dry_run(capsys, ["-n", "2", script],
-                                                      environ={**os.environ, "SLURM_JOB_ID": "7", "SLURM_NTASKS": "2"})), \
+    assert "--bind-cores" in wrapper_part(bound)
+    assert bound == dry_run(capsys, ["-n", "2", "--bind-to", "core", script])
+    in_slurm = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_NTASKS": "2"}
+    assert "--bind-cores" not in wrapper_part(dry_run(capsys, ["-n", "2", script], environ=in_slurm)), \
         "in Slurm, binding is srun's"
 
 

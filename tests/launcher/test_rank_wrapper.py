@@ -125,21 +125,25 @@ def _two_sockets(cpu):
     return cpu // 4, cpu % 4
 
 
+def _one_thread_per_core(cpu):
+    return 0, cpu
+
+
 def test_each_local_rank_gets_its_block_of_whole_cores():
-    assert [core_share([0, 1], r, 2) for r in (0, 1)] == [[0], [1]]
+    assert [core_share([0, 1], r, 2, core_of=_one_thread_per_core) for r in (0, 1)] == [[0], [1]]
     assert [core_share(range(8), r, 2, core_of=_smt) for r in (0, 1)] == [[0, 1, 4, 5], [2, 3, 6, 7]]
     assert [core_share(range(8), r, 4, core_of=_smt) for r in range(4)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
     # Blocks follow socket and core numbers, not CPU numbers: two ranks, one socket each.
     assert [core_share([4, 0, 5, 1, 6, 2, 7, 3], r, 2, core_of=_two_sockets) for r in (0, 1)] == \
         [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert [core_share(range(4), r, 3, core_of=lambda c: (0, c)) for r in range(3)] == [[0], [1], [2]], \
+    assert [core_share(range(4), r, 3, core_of=_one_thread_per_core) for r in range(3)] == [[0], [1], [2]], \
         "the remainder of an uneven split stays unused"
-    assert core_share([2, 3], 1, 2) == [3], "a share of the mask the rank was given"
+    assert core_share([2, 3], 1, 2, core_of=_one_thread_per_core) == [3], "a share of the mask the rank was given"
 
 
 def test_no_share_alone_oversubscribed_or_unknown():
-    assert core_share(range(4), 0, 1) is None
-    assert core_share([0, 1], 2, 3) is None
+    assert core_share(range(4), 0, 1, core_of=_one_thread_per_core) is None
+    assert core_share([0, 1], 2, 3, core_of=_one_thread_per_core) is None
     assert core_share(range(8), 1, 5, core_of=_smt) is None, "5 ranks on 4 cores"
     assert core_share(range(4), 0, None) is None
 
