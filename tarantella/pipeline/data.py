@@ -54,7 +54,8 @@ def replica_batches(x, y=None, sample_weight=None, *, batch_size=None, shuffle=F
     """This replica's part of each global batch of the input (as `global_batches` cuts it), as
     tarantella.data's elements, holding only what this rank's stage uses. `batch_map` (Keras's class
     weights) runs on the global batches: each replica then reads them in full."""
-    if isinstance(x, tf.data.Dataset) or batch_map is not None:
+    arrays = not (isinstance(x, tf.data.Dataset) or batch_map is not None)
+    if not arrays:
         batches = global_batches(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, what=what)
         stream = user_input.distribute(batches if batch_map is None else batches.map(batch_map),
                                        size=num_replicas, rank=replica)
@@ -79,7 +80,10 @@ def replica_batches(x, y=None, sample_weight=None, *, batch_size=None, shuffle=F
         parts = [part if kept else tf.zeros([0]) for part, kept in zip(parts, keep)]
         return {**element, distributed_dataset.DATA: tuple(parts) if isinstance(data, tuple) else parts[0]}
 
-    return stream.map(keep_stage_parts)
+    kept = stream.map(keep_stage_parts)
+    # Arrays: the map runs ahead on tf.data's thread instead of inside the step's `next` (measured, 2-stage
+    # 8 x Dense(512) at batch 128: Keras's loop outside the step 1.7-1.8 -> 1.3-1.4 ms a step, 4 A/B pairs).
+    return kept.prefetch(1) if arrays else kept
 
 
 def _rows_only(tree):
