@@ -35,7 +35,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import resource
 import sys
 import time
@@ -64,7 +63,7 @@ if "--launcher-threads" not in sys.argv:
 import keras  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
-from bench.machine import describe_machine  # noqa: E402
+from bench.machine import describe_machine, describe_software  # noqa: E402
 from tarantella import memory_budget  # noqa: E402
 
 parser = argparse.ArgumentParser()
@@ -243,9 +242,7 @@ if tnt.get_rank() == 0:
                "ranks": tnt.get_size(), "stages": args.stages or tnt.get_size(), "shard": args.shard,
                "layers": args.layers, "width": args.width, "global_batch": args.batch,
                "steps": args.steps, "budget_mib": args.budget_mib, "fits": all(r["fits"] for r in records),
-               "whole_params_bytes": whole_params, "machine": describe_machine(),
-               "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
-                            "keras": keras.__version__}}
+               "whole_params_bytes": whole_params, "machine": describe_machine(), "versions": describe_software()}
     if summary["fits"]:
         elapsed = max(r["elapsed_s"] for r in records)
         steady = max(r["steady_s"] for r in records)

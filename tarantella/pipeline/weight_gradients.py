@@ -85,6 +85,10 @@ import tensorflow as tf
 
 __all__ = ["DeferredDense", "deferrable_layers", "defer_by_default"]
 
+# Micro-batches of fewer rows than this take dz kernel^T, TensorFlow's own form (Note [The input gradient as
+# kernel dz^T]).
+_FEW_ROWS = 8
+
 
 def _deferrable(layer) -> bool:
     if type(layer) is not keras.layers.Dense or not layer.trainable or not layer.built:
@@ -217,8 +221,3 @@ def _input_gradient(x, dz, kernel, pending):
     if rows is not None and rows < _FEW_ROWS:
         return tf.matmul(dz, kernel, transpose_b=True)
     return tf.transpose(tf.matmul(kernel, dz, transpose_b=True))   # Note [The input gradient as kernel dz^T]
-
-
-# Micro-batches of fewer rows than this take dz kernel^T, TensorFlow's own form (Note [The input gradient as
-# kernel dz^T]).
-_FEW_ROWS = 8

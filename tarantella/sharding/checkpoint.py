@@ -125,7 +125,7 @@ def built_sharded_optimizers(model) -> list:
     (distributed_optimizer.optimizers_of, which also shards them in that order)."""
     from tarantella.keras.distributed_optimizer import optimizers_of
     from tarantella.sharding.update import sharding_of
-    return [o for o in optimizers_of(model) if getattr(o, "_tnt_shards", False) and sharding_of(o) is not None]
+    return [o for o in optimizers_of(model) if sharding_of(o) is not None]
 
 
 @contextlib.contextmanager
