@@ -65,6 +65,7 @@ import keras  # noqa: E402
 import tarantella as tnt  # noqa: E402
 from bench.machine import describe_machine, describe_software  # noqa: E402
 from tarantella import memory_budget  # noqa: E402
+from tarantella.keras.adam_in_one_pass import adam_in_one_pass  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--mode", choices=["pipeline", "data", "serial"], required=True)
@@ -91,6 +92,9 @@ parser.add_argument("--launcher-threads", action="store_true",
 parser.add_argument("--records-out", default=None,
                     help="pipelines: rank 0 also writes every rank's raw per-step pass times and step/function "
                          "times to this JSON file (to read where a step's idle time goes)")
+parser.add_argument("--adam-in-one-pass", action="store_true",
+                    help="serial and data modes: Keras's Adam through tarantella's one-pass update, as pipelines "
+                         "take it (tarantella/keras/adam_in_one_pass.py): serial with the pipeline's update")
 args = parser.parse_args()
 MIB = 1024.0 * 1024.0
 
@@ -176,14 +180,16 @@ else:
                 times["function"] = [trace.start, trace.end]
             steps.append(times)
 
-    model.fit(x[:args.batch * 2], y[:args.batch * 2], batch_size=args.batch, epochs=1, verbose=0,
-              shuffle=False)  # warm-up: traces the step
-    traces.clear()
-    if tnt.get_size() > 1:
-        tnt.barrier()
-    start = time.perf_counter()
-    model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, shuffle=False, callbacks=[Trace()])
-    elapsed = time.perf_counter() - start
+    one_pass = adam_in_one_pass(model.optimizer) if args.adam_in_one_pass else contextlib.nullcontext()
+    with one_pass:
+        model.fit(x[:args.batch * 2], y[:args.batch * 2], batch_size=args.batch, epochs=1, verbose=0,
+                  shuffle=False)  # warm-up: traces the step
+        traces.clear()
+        if tnt.get_size() > 1:
+            tnt.barrier()
+        start = time.perf_counter()
+        model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, shuffle=False, callbacks=[Trace()])
+        elapsed = time.perf_counter() - start
     # Steady state: from the end of the first timed step to the end of the last (Keras's set-up of the
     # epoch, the input pipeline's start and the first step's waits for the other ranks are left out).
     steady = steps[-1]["step"][1] - steps[0]["step"][1] if len(steps) > 1 else elapsed
@@ -240,6 +246,7 @@ if tnt.get_rank() == 0:
                "micro_batches": args.micro_batches if args.mode == "pipeline" else None,
                "defer_weight_gradients": args.defer if args.mode == "pipeline" else None,
                "ranks": tnt.get_size(), "stages": args.stages or tnt.get_size(), "shard": args.shard,
+               "adam_in_one_pass": args.adam_in_one_pass or args.mode == "pipeline",
                "layers": args.layers, "width": args.width, "global_batch": args.batch,
                "steps": args.steps, "budget_mib": args.budget_mib, "fits": all(r["fits"] for r in records),
                "whole_params_bytes": whole_params, "machine": describe_machine(), "versions": describe_software()}

@@ -40,6 +40,7 @@ global batches) and save.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -52,6 +53,7 @@ from tarantella._repro import exact_train_step
 from tarantella.data import distributed_dataset, serial_order
 from tarantella.keras import batch_position, distributed_optimizer, global_batch_norm, models, serial_random
 from tarantella.keras import callbacks as rank_callbacks
+from tarantella.keras.adam_in_one_pass import adam_in_one_pass
 from tarantella.pipeline import channels as peer_channels
 from tarantella.pipeline import data as pipeline_data
 from tarantella.pipeline import stage_state
@@ -246,9 +248,15 @@ class PipelinedModel(keras.Model):
         """The tf.function of a train, test or predict step (retraced per batch size)."""
         if mode not in self._step_functions:
             self._step_functions[mode] = tf.function(
-                lambda inputs, targets, weights, start, global_size, is_part: self._step_graph(
+                lambda inputs, targets, weights, start, global_size, is_part: self._traced_step(
                     mode, inputs, targets, weights, start, global_size, is_part))
         return self._step_functions[mode]
+
+    def _traced_step(self, mode, *args):
+        # Keras's Adam, to the bit, at a third of its passes over memory: a stage's update is most of its
+        # last weight pass (Note [Keras's Adam in one pass] in csrc/tf/adam_update_op.cc).
+        with adam_in_one_pass(self.optimizer) if mode == "train" else contextlib.nullcontext():
+            return self._step_graph(mode, *args)
 
     def _run(self, data, mode: str):
         """Collective over the replica's stages: one step; returns the traced function's result.
