@@ -62,6 +62,15 @@ def test_ranks_hold_only_their_stage_and_keep_the_whole_models_semantics(tmp_pat
 
 @pytest.mark.multirank
 @pytest.mark.timeout(240)
+def test_the_benchmarks_shape_trains_as_serial_and_bitwise_as_keras_adam():
+    """16-row micro-batches (the input gradient's other form) and Adam in one pass, under op determinism."""
+    result = run_ranks(2, os.path.join(PROGRAMS, "wide_micro_batches.py"), timeout=220, env=ENV).check()
+    check_all_ranks(result, 2, ["Adam in one pass gives Keras's own update's weights to the bit",
+                                "run to run the same bits", "16-row micro-batches train as serial Keras", "done"])
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("ranks", [2, 4], ids=["2-stages", "2-stages-x-2-replicas"])
 def test_layers_that_look_at_the_batch_follow_serial_per_micro_batch(ranks):
     """Issue 19 §1-2: each micro-batch draws serial's random values; BatchNormalization shares each
