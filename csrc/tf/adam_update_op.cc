@@ -104,12 +104,17 @@ __attribute__((target("avx"))) void update_range_avx(float* var, float* m, float
   }
   update_range(var, m, v, g, c, i, end);
 }
-
-bool has_avx() { return __builtin_cpu_supports("avx"); }
-#else
-void update_range_avx(float*, float*, float*, const float*, const AdamConstants&, int64_t, int64_t) {}
-bool has_avx() { return false; }
 #endif
+
+using UpdateRange = void (*)(float*, float*, float*, const float*, const AdamConstants&, int64_t, int64_t);
+
+// The loop for this CPU: AVX lanes where it has them.
+UpdateRange update_range_for_this_cpu() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx")) return update_range_avx;
+#endif
+  return update_range;
+}
 
 float scalar_input(OpKernelContext* ctx, int index) { return ctx->input(index).scalar<float>()(); }
 
@@ -136,12 +141,12 @@ class AdamUpdateOp : public OpKernel {
     float* m_data = m.flat<float>().data();
     float* v_data = v.flat<float>().data();
     const float* g_data = grad.flat<float>().data();
-    static const bool avx = has_avx();
+    static const UpdateRange update = update_range_for_this_cpu();
     // Per element: 4 loads, 3 stores, about 12 flops with a sqrt and a divide.
     constexpr int64_t kCostPerElement = 40;
     ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(
         grad.NumElements(), kCostPerElement, [&](int64_t begin, int64_t end) {
-          (avx ? update_range_avx : update_range)(var_data, m_data, v_data, g_data, constants, begin, end);
+          update(var_data, m_data, v_data, g_data, constants, begin, end);
         });
   }
 };
