@@ -72,14 +72,23 @@ int tnt_reducer_reductions_completed(int reducer, unsigned long long* count, cha
 }
 
 int tnt_graph_allreduce_sum(int allreducer, const void* in, void* out, size_t count, const char* dtype_name,
-                            char* error, size_t error_size) {
+                            tnt_done_fn done, void* context, char* error, size_t error_size) {
   try {
-    const std::shared_ptr<tnt::Allreducer> held = tnt::Engine::get().graph_allreducer(allreducer);
     const tnt::AllreduceCall call{in, out, count, tnt::dtype_from_name(dtype_name), tnt::ReduceOp::sum};
-    held->run(call, tnt::Engine::get().config().algorithm);
+    tnt::Engine::get().graph_allreducer(allreducer)->submit(call, [done, context](const std::string& failure) {
+      done(context, failure.empty() ? nullptr : failure.c_str());
+    });
     return 0;
   } catch (const std::exception& e) {
     return report(e, error, error_size);
+  }
+}
+
+void tnt_graph_allreduce_cancel_step(int allreducer) {
+  try {
+    tnt::Engine::get().graph_allreducer(allreducer)->cancel_step();
+  } catch (const std::exception&) {
+    // An allreducer already gone has nothing left to cancel.
   }
 }
 

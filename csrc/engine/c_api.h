@@ -29,15 +29,21 @@ void tnt_reducer_cancel_step(int reducer);
 /* The number of bucket allreduces the reducer completed since it was made. */
 int tnt_reducer_reductions_completed(int reducer, unsigned long long* count, char* error, size_t error_size);
 
-/* Blocks until `out` holds the element-wise sum over the allreducer's group of every rank's `count`
- * elements of dtype `dtype_name` ("float32", ...) at `in` (Note [In-graph blocking allreduces]). */
+/* Queues the element-wise sum over the allreducer's group of every rank's `count` elements of dtype
+ * `dtype_name` ("float32", ...) at `in`, into `out` (`in` may equal `out`), and returns; calls
+ * done(context, NULL) from the allreducer's worker once `out` holds it, done(context, message) if it
+ * failed (Note [In-graph allreduces]). On a non-zero return nothing was queued and `done` never runs. */
 int tnt_graph_allreduce_sum(int allreducer, const void* in, void* out, size_t count, const char* dtype_name,
-                            char* error, size_t error_size);
+                            tnt_done_fn done, void* context, char* error, size_t error_size);
+
+/* A step was cancelled partway on this rank: fail the allreducer's queued and later sums at once.
+ * Does nothing if it is gone. */
+void tnt_graph_allreduce_cancel_step(int allreducer);
 
 /* The version of this interface. The op library compiles TNT_ENGINE_ABI_VERSION
  * in and compares it with what the loaded engine's tnt_engine_abi_version()
  * returns; raise it with every change of this file's functions. */
-#define TNT_ENGINE_ABI_VERSION 3
+#define TNT_ENGINE_ABI_VERSION 4
 int tnt_engine_abi_version(void);
 
 #ifdef __cplusplus

@@ -107,7 +107,7 @@ void Engine::stop() {
     reducers.swap(engine->reducers_);
   }
   reducers.clear();
-  std::map<int, std::shared_ptr<Allreducer>> graph_allreducers;
+  std::map<int, std::shared_ptr<GraphAllreducer>> graph_allreducers;
   {
     std::lock_guard<std::mutex> lock(engine->reducers_mutex_);
     graph_allreducers.swap(engine->graph_allreducers_);
@@ -189,14 +189,14 @@ void Engine::remove_reducer(int id) {
 }
 
 int Engine::add_graph_allreducer(const ProcessGroup& group) {
-  auto allreducer = std::make_shared<Allreducer>(group);  // collective: duplicates the group's communicator
+  auto allreducer = std::make_shared<GraphAllreducer>(group, config_.algorithm);  // collective
   std::lock_guard<std::mutex> lock(reducers_mutex_);
   const int id = next_graph_allreducer_id_++;
   graph_allreducers_[id] = std::move(allreducer);
   return id;
 }
 
-std::shared_ptr<Allreducer> Engine::graph_allreducer(int id) {
+std::shared_ptr<GraphAllreducer> Engine::graph_allreducer(int id) {
   std::lock_guard<std::mutex> lock(reducers_mutex_);
   auto found = graph_allreducers_.find(id);
   if (found == graph_allreducers_.end()) throw UsageError("no in-graph allreducer with id " + std::to_string(id));

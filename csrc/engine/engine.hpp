@@ -11,6 +11,7 @@
 #include "allreduce.hpp"
 #include "deadline.hpp"
 #include "fused_reducer.hpp"
+#include "graph_allreducer.hpp"
 #include "log.hpp"
 #include "process_group.hpp"
 
@@ -55,16 +56,18 @@ class Engine {
   // Local: forget the reducer; its destructor fails results still awaited.
   void remove_reducer(int id);
 
-  // Note [In-graph blocking allreduces]
+  // Note [In-graph allreduces]
   // Small sums that a framework op needs before it can go on (BatchNormalization's
-  // global statistics, tarantella/keras/global_batch_norm.py) run as one blocking
-  // allreduce each, on an Allreducer of their own (its own communicator: they
-  // never meet the gradient reducers' or the main thread's collectives). The op
-  // blocks its thread until the sum is there: the framework orders these ops the
-  // same way on every rank (one chain, creation order), so a rank waits only for
-  // its peers to reach the same op. Collective: every rank adds them in one order.
+  // global statistics, tarantella/keras/global_batch_norm.py) run as one allreduce
+  // each, on a GraphAllreducer of their own (its own communicator: they never meet
+  // the gradient reducers' or the main thread's collectives). The op waits until
+  // the sum is there, without holding the framework's thread (Note [An in-graph sum
+  // does not hold the framework's thread] in graph_allreducer.hpp): the framework
+  // orders these ops the same way on every rank (one chain, creation order), so a
+  // rank waits only for its peers to reach the same op. Collective: every rank adds
+  // them in one order.
   int add_graph_allreducer(const ProcessGroup& group);
-  std::shared_ptr<Allreducer> graph_allreducer(int id);
+  std::shared_ptr<GraphAllreducer> graph_allreducer(int id);
 
  private:
   explicit Engine(const EngineConfig& config);
@@ -74,7 +77,7 @@ class Engine {
   std::mutex reducers_mutex_;
   std::map<int, std::shared_ptr<FusedReducer>> reducers_;
   int next_reducer_id_ = 1;
-  std::map<int, std::shared_ptr<Allreducer>> graph_allreducers_;  // guarded by reducers_mutex_; closed by stop()
+  std::map<int, std::shared_ptr<GraphAllreducer>> graph_allreducers_;  // guarded by reducers_mutex_; closed by stop()
   int next_graph_allreducer_id_ = 1;
 };
 

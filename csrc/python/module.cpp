@@ -294,7 +294,7 @@ PYBIND11_MODULE(_engine, m) {
   m.def("copied_bytes", &tnt::FusedReducer::copied_bytes_in_process,
         "bytes the gradient data path copied in this process (Note [Two copies per gradient byte])");
 
-  // Note [In-graph blocking allreduces]: collective; the id goes into TntAllreduceSum's `allreducer` attribute.
+  // Note [In-graph allreduces]: collective; the id goes into TntAllreduceSum's `allreducer` attribute.
   m.def("add_graph_allreducer", [](GroupHandle& group) {
     py::gil_scoped_release release;
     return tnt::Engine::get().add_graph_allreducer(group.group());

@@ -34,7 +34,7 @@ where G_mean and G_var are the gradients of all ranks' losses with respect to
 the global mean and variance, summed in ONE allreduce of both (a custom
 gradient; differentiating the forward allreduces would take more). So a layer
 costs two small allreduces a step (three where the gathered block is too large),
-blocking ones, in one order on every rank (blocking_allreduce.py).
+in one order on every rank (in_graph_sum.py).
 The moving statistics are then updated by Keras itself from the global
 moments: equal on every rank, and equal to serial's.
 

@@ -49,7 +49,7 @@ from tarantella.keras import callbacks as rank_callbacks
 from tarantella.keras import class_weights, distributed_optimizer, metric_reduction, models, overlap, tf_steps, \
     user_steps
 from tarantella.keras import batch_position, empty_micro_batch, global_batch_norm, gradient_reduction, serial_random
-from tarantella.keras.blocking_allreduce import BlockingAllreduce
+from tarantella.keras.in_graph_sum import InGraphSum
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras.parallel_strategy import ParallelStrategy
 from tarantella.pipeline import stage_state
@@ -135,7 +135,7 @@ class Model(keras.Model):
         serial_random.install()
         global_batch_norm.install()
         self.batch_norm = batch_norm
-        self._statistics_allreducer: BlockingAllreduce | None = None
+        self._statistics_allreducer: InGraphSum | None = None
         self._model = model
         self.parallel_strategy = parallel_strategy
         self.overlap_communication = overlap_communication
@@ -474,7 +474,7 @@ class Model(keras.Model):
         call while tracing a step. The allreducer is made collectively on first use (every rank traces the
         same layers in the same order)."""
         if self._statistics_allreducer is None:
-            self._statistics_allreducer = BlockingAllreduce()
+            self._statistics_allreducer = InGraphSum()
         return self._statistics_allreducer(tensor)
 
     def communication_profile(self) -> dict | None:

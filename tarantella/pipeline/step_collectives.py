@@ -46,7 +46,7 @@ import logging
 import tensorflow as tf
 
 from tarantella import collectives, runtime, sharding
-from tarantella.keras.blocking_allreduce import BlockingAllreduce
+from tarantella.keras.in_graph_sum import InGraphSum
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.pipeline.compiled_step import LAYER_LOSSES_TAG, StageStep
 from tarantella.pipeline.topology import Placement
@@ -104,7 +104,7 @@ class StepCollectives:
         """The sum over this stage's replicas of a small tensor a layer needs at once (BatchNormalization's
         statistics, Note [A pipeline's micro-batches and the layers that look at the batch])."""
         if self._statistics_allreducer is None:
-            self._statistics_allreducer = BlockingAllreduce(group=self.stage_group)
+            self._statistics_allreducer = InGraphSum(group=self.stage_group)
         return self._statistics_allreducer(tensor)
 
     def add_layer_losses_of_earlier_stages(self, penalty, start, loss_tracker) -> list:

@@ -55,7 +55,7 @@ import tensorflow as tf
 from tarantella import config, runtime
 from tarantella.keras.distributed_optimizer import unscaled_optimizer
 from tarantella.pipeline import channels
-from tarantella.keras.blocking_allreduce import BlockingAllreduce
+from tarantella.keras.in_graph_sum import InGraphSum
 from tarantella.sharding import checkpoint, gathered_weights
 from tarantella.sharding.gradients_to_owners import GradientsToOwners
 from tarantella.sharding.handoff import WeightHandoff
@@ -118,7 +118,7 @@ class ShardedUpdate:
         self._to_owners = (GradientsToOwners(rank, size, channels.open_channels(), sum(sizes))
                            if mode == "gradients" else None)
         # The whole-model figures of stages 2 and 3 (Note [A sharded update]); made now, collectively.
-        self._figures_allreduce = (BlockingAllreduce() if mode != "optimizer" and (
+        self._figures_allreduce = (InGraphSum() if mode != "optimizer" and (
             self.global_clipnorm or hasattr(optimizer, "inner_optimizer")) else None)
 
     def gradient_sends(self) -> int | None:

@@ -22,7 +22,7 @@ Each rank is one process of the trace ("rank R"); its tracks (threads):
              while it is reduced.
   metrics    the metric-state reduction: span `metric_allreduce` per bucket
              (args: step, bucket, bytes).
-  statistics the blocking allreduces of BatchNormalization's global statistics
+  statistics the in-graph allreduces of BatchNormalization's global statistics
              (Note [BatchNormalization over the global batch]): span
              `statistics_allreduce` per allreduce, from its input existing to its
              sum existing, so it includes the wait for the other ranks (args:
@@ -65,7 +65,7 @@ DOCUMENTED = {
                          "one to the last; its overlap with `backward` is the overlap (args: step, transfers)",
     WEIGHT_GATHERS: "step track, shard='weights': the first layer weight sent or received for a forward or "
                     "backward pass to the last (args: step, transfers)",
-    STATISTICS_ALLREDUCE: "statistics track: a blocking allreduce of BatchNormalization's statistics, input to "
+    STATISTICS_ALLREDUCE: "statistics track: an in-graph allreduce of BatchNormalization's statistics, input to "
                           "sum (args: step, index)",
 }
 

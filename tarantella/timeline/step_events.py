@@ -44,7 +44,7 @@ def record_step(step: int, begin: float, end: float, marks, allreducers) -> None
     if gathered:
         recorder.complete(names.WEIGHT_GATHERS, "step", min(gathered), max(gathered), step=step,
                           transfers=len(gathered))
-    # The blocking statistics allreduces run one at a time in one order (blocking_allreduce.py): the k-th
+    # The statistics allreduces run one at a time in one order (in_graph_sum.py): the k-th
     # input and the k-th sum of the step belong together.
     sent = sorted(by_event.get(graph_marks.STATISTICS_SENT, []))
     summed = sorted(by_event.get(graph_marks.STATISTICS_SUMMED, []))

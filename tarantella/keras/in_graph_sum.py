@@ -1,10 +1,13 @@
-"""A blocking in-graph sum over the ranks (TntAllreduceSum), with its gradient, for small tensors that an op
+"""An in-graph sum over the ranks (TntAllreduceSum), with its gradient, for small tensors that an op
 needs before it can go on: BatchNormalization's global statistics (tarantella/keras/global_batch_norm.py).
 
 Every rank must run these ops in one order. tf.function runs the stateful ops of a step that touch no
 resource one after another in creation order, and every rank creates the same ops in the same order (same
-model, same step), so the ops meet: Note [In-graph blocking allreduces] in csrc/engine/engine.hpp. (The
-gradient ops of graph_allreduce.py leave that chain on purpose; these stay in it.)
+model, same step), so the ops meet: Note [In-graph allreduces] in csrc/engine/engine.hpp. (The
+gradient ops of graph_allreduce.py leave that chain on purpose; these stay in it.) A sum waits on the
+engine's worker thread, not on TensorFlow's, which runs the rest of the step meanwhile: a peer may need
+some of that rest before it reaches the same sum (Note [An in-graph sum does not hold the framework's
+thread] in csrc/engine/graph_allreducer.hpp).
 """
 from __future__ import annotations
 
@@ -13,10 +16,10 @@ import tensorflow as tf
 from tarantella import runtime, tf_ops
 from tarantella.timeline import graph_marks
 
-__all__ = ["BlockingAllreduce"]
+__all__ = ["InGraphSum"]
 
 
-class BlockingAllreduce:
+class InGraphSum:
     """Created collectively (every rank, at the same point): an engine allreducer with its own communicator."""
 
     def __init__(self, group=None):
