@@ -3,8 +3,6 @@
 #include <exception>
 #include <utility>
 
-#include "errors.hpp"
-
 namespace tnt {
 
 GraphAllreducer::GraphAllreducer(const ProcessGroup& group, Algorithm algorithm)

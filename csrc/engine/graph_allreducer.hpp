@@ -60,7 +60,7 @@ class GraphAllreducer {
   std::mutex mutex_;
   std::condition_variable queued_;
   std::deque<Queued> queue_;  // guarded by mutex_
-  std::string failure_;       // guarded by mutex_; set by cancel_step or a failed sum
+  std::string failure_;       // guarded by mutex_; set by cancel_step
   bool stopping_ = false;     // guarded by mutex_
   bool closed_ = false;
   std::thread worker_;        // last member: starts after everything above exists
