@@ -99,9 +99,8 @@ What every rank receives in its environment
                             cores when bound to them, else CPUs // ranks on the host,
                             at least 1; pinned: the CPUs of its socket), unless set
                             in the launcher's environment or with -x
-  TF_NUM_INTEROP_THREADS    2, unless set: independent ops of a step may run at once;
-                            1 where the rank's share is one CPU (two would take turns
-                            on it, delaying the ops handed to the second)
+  TF_NUM_INTEROP_THREADS    2, unless set: one inter-op thread may wait in a blocking
+                            collective while the other keeps the backward pass going
   plus what the MPI sets (OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, ...). Other
   variables of the launcher's environment reach the ranks on this host only (Open
   MPI and MPICH do not copy them to other hosts): pass them with -x.

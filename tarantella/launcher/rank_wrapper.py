@@ -82,28 +82,12 @@ Note [Thread defaults]
   cores, the CPUs of that share. With pinning, the launcher
   passes --threads-per-rank (the CPUs of one NUMA node), because the numactl
   binding applies to the program, not to this wrapper; inside a Slurm allocation it
-  passes SLURM_CPUS_PER_TASK (sbatch -c), the CPUs the allocation gives each task.
-  TF_NUM_INTEROP_THREADS is 2: inter-op threads mostly dispatch kernels, and two
-  let independent ops of a step run at once (a layer's backward pass beside a
-  gradient's hand-in); more would compete with the intra-op threads for the
-  rank's share of the cores. One is always enough to finish a step: no op of
-  ours holds an inter-op thread while it waits for other ranks (Note [An in-graph
-  sum does not hold the framework's thread] in csrc/engine/graph_allreducer.hpp;
-  the transfer and gradient ops are asynchronous kernels). With a share of one
-  CPU it is 1: two inter-op
-  threads there only take turns on that CPU, and an op that TensorFlow's executor
-  hands to the second thread (a pipeline stage's send, posted as its pass ends)
-  waits for the first to be descheduled, up to a scheduler slice. Measured on the
-  2-core machine, `tarantella -n 2` (bound, one CPU each) with
-  TF_NUM_INTEROP_THREADS=2 against 1, A/B pairs in one sitting
-  (bench/pipeline/program.py): the send of a 2-stage pipeline's first activation
-  posted 2-5 ms after its forward pass ended, against at once (8 x Dense(2048),
-  global batch 128); samples/s of the 1F1B pipeline at M = 8 15092-15891 against
-  17334-17836 (8 x Dense(512), batch 1024, 3 pairs), 9153-9440 against
-  10434-10603 (the same at batch 128, 2 pairs), 538-559 against 582-644
-  (8 x Dense(2048), batch 128, 2 pairs); data parallelism on 8 x Dense(512) at
-  batch 128 7381-7382 against 7700-7771 (2 pairs). A variable that is already
-  set (in the launcher's environment or given with -x) is never changed.
+  passes SLURM_CPUS_PER_TASK (sbatch -c), the CPUs the allocation gives each task. TF_NUM_INTEROP_THREADS is 2:
+  inter-op threads mostly dispatch kernels and wait, and with two of them one can
+  wait in a blocking collective (a FinishAllreduce op) while the other keeps the
+  backward pass going; more would compete with the intra-op threads for the rank's
+  share of the cores. A variable that is already set (in the launcher's environment
+  or given with -x) is never changed.
 """
 from __future__ import annotations
 
@@ -184,11 +168,6 @@ def rank_identity(environ) -> RankIdentity:
     return RankIdentity(rank, size, local_rank, local_size)
 
 
-def interop_threads(threads: int) -> int:
-    """TF_NUM_INTEROP_THREADS for a rank of `threads` intra-op threads (Note [Thread defaults])."""
-    return INTEROP_THREADS if threads > 1 else 1
-
-
 def thread_defaults(environ, cpus: int, ranks_sharing: int | None,
                     threads_per_rank: int | None = None) -> dict[str, str]:
     """The thread variables to add; see Note [Thread defaults]."""
@@ -196,7 +175,7 @@ def thread_defaults(environ, cpus: int, ranks_sharing: int | None,
         threads_per_rank = cpus // max(1, ranks_sharing or 1)
     threads = max(1, threads_per_rank)
     omp, intra, inter = THREAD_VARIABLES
-    wanted = {omp: str(threads), intra: str(threads), inter: str(interop_threads(threads))}
+    wanted = {omp: str(threads), intra: str(threads), inter: str(INTEROP_THREADS)}
     return {name: value for name, value in wanted.items() if name not in environ}
 
 
