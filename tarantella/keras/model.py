@@ -49,8 +49,8 @@ from tarantella.keras import callbacks as rank_callbacks
 from tarantella.keras import class_weights, distributed_optimizer, metric_reduction, models, overlap, tf_steps, \
     user_steps
 from tarantella.keras import batch_position, empty_micro_batch, global_batch_norm, gradient_reduction, serial_random
-from tarantella.keras.in_graph_sum import InGraphSum
 from tarantella.keras.graph_allreduce import GraphAllreducer
+from tarantella.keras.in_graph_sum import InGraphSum
 from tarantella.keras.parallel_strategy import ParallelStrategy
 from tarantella.pipeline import stage_state
 from tarantella.sharding import checkpoint as sharding_checkpoint, gathered_weights

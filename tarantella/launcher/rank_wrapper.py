@@ -82,12 +82,18 @@ Note [Thread defaults]
   cores, the CPUs of that share. With pinning, the launcher
   passes --threads-per-rank (the CPUs of one NUMA node), because the numactl
   binding applies to the program, not to this wrapper; inside a Slurm allocation it
-  passes SLURM_CPUS_PER_TASK (sbatch -c), the CPUs the allocation gives each task. TF_NUM_INTEROP_THREADS is 2:
-  inter-op threads mostly dispatch kernels and wait, and with two of them one can
-  wait in a blocking collective (a FinishAllreduce op) while the other keeps the
-  backward pass going; more would compete with the intra-op threads for the rank's
-  share of the cores. A variable that is already set (in the launcher's environment
-  or given with -x) is never changed.
+  passes SLURM_CPUS_PER_TASK (sbatch -c), the CPUs the allocation gives each task.
+  TF_NUM_INTEROP_THREADS is 2: inter-op threads mostly dispatch kernels, and with
+  two a cheap op that became ready beside an expensive one (a gradient's hand-in
+  beside the next layer's backward, a pipeline stage's send beside its next pass)
+  is not queued behind it; more would compete with the intra-op threads for the
+  rank's share of the cores. Even where a rank's share is one CPU: one thread there
+  made pipelines faster (results/pipeline_defaults/README.md, 0.87-0.91 of the
+  ideal against 0.77-0.90), but gradient hand-ins and sends then waited for the
+  compute beside them (tests/timeline/test_timeline_multirank.py,
+  tests/pipeline/test_channels_multirank.py) and sharded weights at 2 ranks hung.
+  A variable that is already set (in the launcher's environment or given with -x)
+  is never changed.
 """
 from __future__ import annotations
 
