@@ -9,7 +9,7 @@
 // With sharded training and `global_clipnorm`, a rank whose own gradient
 // shard is reduced early starts the sum of the norms, while its peer's shard
 // still waits for a bucket this rank has not handed in yet: with one
-// framework thread per rank (a rank bound to one CPU) both ranks waited for
+// framework thread per rank (TF_NUM_INTEROP_THREADS=1) both ranks waited for
 // ever. So the op only queues the sum and finishes when the worker, which
 // runs the queue in order, calls back. The order is still the framework's:
 // these ops form one chain on every rank, and the next op of the chain starts
