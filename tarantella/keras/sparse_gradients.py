@@ -32,6 +32,20 @@ communicator, so it never interleaves with the reducer's progress thread; the
 gathers of one traced function are chained so that every rank runs them in the
 same order). It is Python on the step's path, the price of serial's result;
 models without embeddings never build it.
+
+Note [A blocking gather waits for the step's transfers]
+The gather blocks the TensorFlow thread that runs it until every rank has
+called it. With one inter-op thread (TF_NUM_INTEROP_THREADS=1, or TensorFlow's
+own default on a one-CPU rank) that thread is the rank's whole executor: ops
+that became ready while it waits do not run. shard="weights" hung that way
+(an Embedding and attention, 2 ranks): rank 1 owns dense_5 and computes its
+forward from its own copy, so its executor reached the embedding's gather in
+the backward pass before running the forward sends of dense_5's weights,
+ready but queued; rank 0 waited for those weights in its forward pass and
+never reached its gather. So a sharded step's gather starts only once this
+rank's counted transfers (SendCounter, tarantella/sharding/send_counter.py)
+are complete: a rank inside the gather then owes no peer a transfer, and a
+peer outside it can finish its own and come in.
 """
 from __future__ import annotations
 
@@ -79,9 +93,10 @@ def _world_copy() -> collectives.Group:
     return _group
 
 
-def gather(gradients: list[tf.IndexedSlices], variables, share) -> list[tf.IndexedSlices]:
+def gather(gradients: list[tf.IndexedSlices], variables, share, after=()) -> list[tf.IndexedSlices]:
     """Every rank's slices of each gradient, concatenated in rank order (call while tracing, on every rank).
-    `share` weights this rank's values (None: already weighted); a rank with share 0 sends no slices."""
+    `share` weights this rank's values (None: already weighted); a rank with share 0 sends no slices. The
+    gather starts once the tensors `after` exist (Note [A blocking gather waits for the step's transfers])."""
     group = _world_copy()
     parts = []
     for gradient in gradients:
@@ -92,7 +107,7 @@ def gather(gradients: list[tf.IndexedSlices], variables, share) -> list[tf.Index
         parts += [indices, values]
     graph = tf.compat.v1.get_default_graph()
     previous = getattr(graph, "_tnt_last_sparse_gather", None)
-    with tf.control_dependencies([] if previous is None else [previous]):
+    with tf.control_dependencies(list(after) + ([] if previous is None else [previous])):
         gathered = tf.numpy_function(lambda *arrays: _allgather(group, arrays), parts,
                                      [part.dtype for part in parts], stateful=True, name="TntGatherSparseGradients")
     graph._tnt_last_sparse_gather = gathered[0]

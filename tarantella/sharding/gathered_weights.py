@@ -192,7 +192,10 @@ class WeightGathering:
                                   list(owners), list(tags))
             summed.update((id(variables[i]), total) for i, total in zip(dense, sums))
         if sparse:
-            gathered = sparse_gradients.gather([gradients[i] for i in sparse], [variables[i] for i in sparse], None)
+            # Note [A blocking gather waits for the step's transfers] (sparse_gradients.py)
+            transfers_done = [self.sends.after([]), self.to_owners.sends.after([])]
+            gathered = sparse_gradients.gather([gradients[i] for i in sparse], [variables[i] for i in sparse], None,
+                                               after=transfers_done)
             summed.update((id(variables[i]), slices) for i, slices in zip(sparse, gathered) if self.owns(variables[i]))
         return summed
 
