@@ -19,9 +19,10 @@ Note [Thread counts]
 The launcher gives every rank CPUs // ranks intra-op threads, so by default a
 serial run and a 4-rank run split their reductions (Eigen, oneDNN) over
 different numbers of threads, i.e. in different orders. Deterministic runs use
-one intra-op thread everywhere. Inter-op threads stay at 2, as the launcher
-gives them (Note [Thread defaults] in tarantella/launcher/rank_wrapper.py): they
-only schedule ops and do not change any op's arithmetic.
+one intra-op thread everywhere. Inter-op threads are 2 (also where the launcher
+would give a rank with one CPU one: Note [Thread defaults] in
+tarantella/launcher/rank_wrapper.py): they only schedule ops and do not change
+any op's arithmetic.
 
 Note [PYTHONHASHSEED]
 Python reads PYTHONHASHSEED once, at interpreter start, so setting it inside a

@@ -99,8 +99,8 @@ What every rank receives in its environment
                             cores when bound to them, else CPUs // ranks on the host,
                             at least 1; pinned: the CPUs of its socket), unless set
                             in the launcher's environment or with -x
-  TF_NUM_INTEROP_THREADS    2, unless set: a cheap op ready beside an expensive one (a
-                            gradient's hand-in, a pipeline's send) is not queued behind it
+  TF_NUM_INTEROP_THREADS    1 where the rank's share is one CPU (two would only take
+                            turns on it), else 2, unless set
   plus what the MPI sets (OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, ...). Other
   variables of the launcher's environment reach the ranks on this host only (Open
   MPI and MPICH do not copy them to other hosts): pass them with -x.

@@ -83,15 +83,35 @@ Note [Thread defaults]
   passes --threads-per-rank (the CPUs of one NUMA node), because the numactl
   binding applies to the program, not to this wrapper; inside a Slurm allocation it
   passes SLURM_CPUS_PER_TASK (sbatch -c), the CPUs the allocation gives each task.
-  TF_NUM_INTEROP_THREADS is 2: inter-op threads mostly dispatch kernels, and with
-  two a cheap op that became ready beside an expensive one (a gradient's hand-in
-  beside the next layer's backward, a pipeline stage's send beside its next pass)
-  is not queued behind it; more would compete with the intra-op threads for the
-  rank's share of the cores. Even where a rank's share is one CPU: one thread there
-  made pipelines faster (results/pipeline_defaults/README.md, 0.87-0.91 of the
-  ideal against 0.77-0.90), but gradient hand-ins and sends then waited for the
-  compute beside them (tests/timeline/test_timeline_multirank.py,
-  tests/pipeline/test_channels_multirank.py) and sharded weights at 2 ranks hung.
+  TF_NUM_INTEROP_THREADS is 2 where a rank's share is two CPUs or more: inter-op
+  threads mostly dispatch kernels, two let independent ops of a step run at once,
+  and more would compete with the intra-op threads for the share. Where the share
+  is one CPU it is 1: two threads there only take turns on that CPU, and an op
+  that became ready on the second waited for the first to be descheduled, up to a
+  scheduler slice. Measured on the 2-core machine, `tarantella -n 2` (bound, one
+  CPU each), TF_NUM_INTEROP_THREADS=2 against 1, A/B pairs in one sitting
+  (bench/pipeline/program.py): the send of a 2-stage pipeline's first activation
+  posted 2-5 ms after its forward pass ended, against at once (8 x Dense(2048),
+  global batch 128); samples/s of the 1F1B pipeline at M = 8 15092-15891 against
+  17334-17836 (8 x Dense(512), batch 1024, 3 pairs), 9153-9440 against
+  10434-10603 (the same at batch 128, 2 pairs), 538-559 against 582-644
+  (8 x Dense(2048), batch 128, 2 pairs); data parallelism on 8 x Dense(512) at
+  batch 128 7381-7382 against 7700-7771 (2 pairs), on ResNet-50 and a Transformer
+  block (bench/programs/data_parallel_modes.py, 2 ranks, micro-batch 16) the same
+  within the noise: ResNet-50 1553-1641 against 1477-1672 ms a step, the
+  Transformer 227-228 against 225-229 ms (3 pairs, results/thread_defaults/).
+  What one thread changes: TensorFlow's executor keeps the last expensive op that
+  became ready on its thread and queues the others until that chain of ops ends,
+  so independent branches run one after the other, depth first. A short branch's
+  gradient is then handed in after a long branch's (tests/timeline/
+  test_timeline_multirank.py runs with two threads for that reason), and a send
+  whose input waits in that queue is posted after the chain
+  (tests/pipeline/programs/check_p2p_ops.py). One thread always finishes a step:
+  the transfer, gradient and in-graph sum ops are asynchronous kernels (Note [An
+  in-graph sum does not hold the framework's thread] in
+  csrc/engine/graph_allreducer.hpp), and the one blocking op, the sparse-gradient
+  gather, waits for the step's transfers first (Note [A blocking gather waits for
+  the step's transfers] in tarantella/keras/sparse_gradients.py).
   A variable that is already set (in the launcher's environment or given with -x)
   is never changed.
 """
@@ -174,6 +194,11 @@ def rank_identity(environ) -> RankIdentity:
     return RankIdentity(rank, size, local_rank, local_size)
 
 
+def interop_threads(threads: int) -> int:
+    """TF_NUM_INTEROP_THREADS for a rank of `threads` intra-op threads (Note [Thread defaults])."""
+    return INTEROP_THREADS if threads > 1 else 1
+
+
 def thread_defaults(environ, cpus: int, ranks_sharing: int | None,
                     threads_per_rank: int | None = None) -> dict[str, str]:
     """The thread variables to add; see Note [Thread defaults]."""
@@ -181,7 +206,7 @@ def thread_defaults(environ, cpus: int, ranks_sharing: int | None,
         threads_per_rank = cpus // max(1, ranks_sharing or 1)
     threads = max(1, threads_per_rank)
     omp, intra, inter = THREAD_VARIABLES
-    wanted = {omp: str(threads), intra: str(threads), inter: str(INTEROP_THREADS)}
+    wanted = {omp: str(threads), intra: str(threads), inter: str(interop_threads(threads))}
     return {name: value for name, value in wanted.items() if name not in environ}
 
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tarantella.config import SETTINGS
-from tarantella.launcher.rank_wrapper import INTEROP_THREADS
+from tarantella.launcher.rank_wrapper import interop_threads
 from tests.multirank import RANK_HELPERS, REPO_ROOT, RanksTimedOut, _split_by_rank, run_ranks
 
 SIZES = (1, 2, 3)
@@ -49,7 +49,7 @@ def test_every_rank_runs_with_its_environment(n):
     for rank in range(n):
         lines = result.rank_stdout[rank].splitlines()
         assert lines[0] == f"rank {rank} size {n}"
-        assert lines[1] == f"threads {threads} {threads} {INTEROP_THREADS}"
+        assert lines[1] == f"threads {threads} {threads} {interop_threads(threads)}"
         env = dict(pair.split("=", 1) for pair in lines[2].split()[1:])
         assert env == expected_env
         assert lines[3] == "x bar baz"
@@ -77,11 +77,11 @@ def test_log_on_all_devices_shows_every_stderr_tagged():
 @pytest.mark.timeout(60)
 def test_user_thread_counts_are_kept():
     result = run_ranks(2, REPORT, launcher_args=["-x", "OMP_NUM_THREADS=5"],
-                       env={"TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": None},
+                       env={"TF_NUM_INTEROP_THREADS": "3", "TF_NUM_INTRAOP_THREADS": None},
                        timeout=45).check()
     threads = max(1, _cpus() // 2)
     for rank in range(2):
-        assert result.rank_stdout[rank].splitlines()[1] == f"threads 5 {threads} 1"
+        assert result.rank_stdout[rank].splitlines()[1] == f"threads 5 {threads} 3"
 
 
 @pytest.mark.timeout(60)

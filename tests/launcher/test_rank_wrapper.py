@@ -9,7 +9,7 @@ from tarantella.launcher.mpirun_command import WRAPPER_PATH
 from tarantella.launcher.rank_wrapper import (EXIT_RECORD_MARKER, INTEROP_THREADS,
                                               decode_exit_record, decode_start_record,
                                               core_share, encode_exit_record, rank_identity,
-                                              thread_defaults)
+                                              interop_threads, thread_defaults)
 
 
 @pytest.mark.parametrize("environ, expected", [
@@ -31,6 +31,9 @@ def test_thread_defaults_share_the_cpus():
         "OMP_NUM_THREADS": "2", "TF_NUM_INTRAOP_THREADS": "2",
         "TF_NUM_INTEROP_THREADS": str(INTEROP_THREADS)}
     assert thread_defaults({}, cpus=2, ranks_sharing=3)["OMP_NUM_THREADS"] == "1"
+    # A share of one CPU gets one inter-op thread: two would only take turns on it.
+    assert thread_defaults({}, cpus=2, ranks_sharing=2)["TF_NUM_INTEROP_THREADS"] == "1"
+    assert thread_defaults({}, cpus=4, ranks_sharing=2)["TF_NUM_INTEROP_THREADS"] == str(INTEROP_THREADS)
     assert thread_defaults({}, cpus=8, ranks_sharing=None)["OMP_NUM_THREADS"] == "8"
     assert thread_defaults({}, cpus=64, ranks_sharing=8, threads_per_rank=16)[
         "TF_NUM_INTRAOP_THREADS"] == "16"
@@ -111,7 +114,7 @@ def test_thread_variables_reach_the_program():
     done = _wrap("import os; print(os.environ['OMP_NUM_THREADS'], "
                  "os.environ['TF_NUM_INTEROP_THREADS'])", 0, size=1)
     cpus = len(os.sched_getaffinity(0))
-    assert done.stdout.split() == [str(cpus), str(INTEROP_THREADS)]
+    assert done.stdout.split() == [str(cpus), str(interop_threads(cpus))]
 
 
 # ---- binding to a share of the cores (Note [Binding each rank to its share of the cores]) ------------
@@ -157,6 +160,6 @@ def test_bind_cores_runs_the_program_on_its_share_with_threads_to_match():
         share = core_share(mask, rank, 2)
         done = _wrap(program, rank, options=["--bind-cores", "--output", "all"])
         assert done.returncode == 0, done.stderr
-        assert done.stdout.strip() == f"[{rank}] {share} {len(share)} {INTEROP_THREADS}", done.stdout
+        assert done.stdout.strip() == f"[{rank}] {share} {len(share)} {interop_threads(len(share))}", done.stdout
     unbound = _wrap(program, 0)
     assert unbound.stdout.split("]")[0] + "]" == str(mask), unbound.stdout

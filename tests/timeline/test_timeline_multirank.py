@@ -100,10 +100,14 @@ def test_starts_follow_backprop_not_registration_order(tmp_path):
     """One bucket per tensor (--fusion-threshold 0). Registration order is the reverse of the variables:
     out, deep3 .. deep0, shallow (a subclassed model: variables in attribute order). Backprop produces the shallow layer's gradients right after out's, long
     before deep0's (four 2048-wide layers later): its bucket must be handed over (bucket_ready) first, and once
-    the ranks agreed on the order they saw (after the second step), also be reduced first."""
+    the ranks agreed on the order they saw (after the second step), also be reduced first. Two inter-op threads:
+    with one (the launcher's default for a rank with one CPU) TensorFlow runs the two branches' backward one after
+    the other, deep first (Note [Thread defaults] in tarantella/launcher/rank_wrapper.py), and backprop itself
+    produces shallow's gradient last."""
     target = tmp_path / "trace.json"
     result = run_ranks(2, TWO_BRANCH, timeout=240,
-                       launcher_args=["--timeline", str(target), "--fusion-threshold", "0"]).check()
+                       launcher_args=["--timeline", str(target), "--fusion-threshold", "0",
+                                      "-x", "TF_NUM_INTEROP_THREADS=2"]).check()
     assert "GRAPH OK" in result.stdout
     variables = json.loads(re.search(r"VARIABLES (\[.*\])", result.stdout).group(1))
     registered = variables[::-1]

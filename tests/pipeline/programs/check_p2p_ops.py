@@ -62,10 +62,15 @@ print("OK round trips 4B..4MiB", flush=True)
 @tf.function
 def send_then_compute(one):
     """Rank 0 sends, then multiplies matrices for a while; rank 1 times the receive's arrival. (Transfers
-    must not depend on constants only: graph optimisation would run them while folding constants.)"""
+    must not depend on constants only: graph optimisation would run them while folding constants.) The
+    computation starts from the sent tensor, as a pipeline stage's next pass follows the activation it sends:
+    two independent branches run one after the other under one inter-op thread, in an order of TensorFlow's
+    choosing (Note [Thread defaults] in tarantella/launcher/rank_wrapper.py), and the check is that the posted
+    send does not wait for the computation after it, not which branch TensorFlow starts first."""
     if rank == 0:
-        token = ops.tnt_send(tf.ones((256, 256)) * tf.cast(one, tf.float32), channels=CH, peer=partner, tag=30)
-        a = tf.random.stateless_normal((512, 512), seed=[1, 2])
+        sent = tf.ones((256, 256)) * tf.cast(one, tf.float32)
+        token = ops.tnt_send(sent, channels=CH, peer=partner, tag=30)
+        a = tf.random.stateless_normal((512, 512), seed=[1, 2]) + sent[0, 0] * 0.0
         for _ in range(60):
             a = tf.linalg.matmul(a, a) / 512.0
         with tf.control_dependencies([token, a]):
