@@ -30,7 +30,8 @@ from typing import Mapping, Sequence
 
 from tarantella.launcher import launch_check
 
-__all__ = ["RanksResult", "RanksTimedOut", "run_ranks", "RANK_HELPERS", "REPO_ROOT"]
+__all__ = ["RanksResult", "RanksTimedOut", "run_ranks", "launch_environment", "split_by_rank", "RANK_HELPERS",
+           "REPO_ROOT"]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A rank's line can come glued to the end of Open MPI's help banner (its closing line of dashes has no newline
@@ -86,13 +87,26 @@ class RanksResult:
         return self
 
 
-def _split_by_rank(text: str) -> dict[int, str]:
+def split_by_rank(text: str) -> dict[int, str]:
     per_rank: dict[int, list[str]] = {}
     for line in text.splitlines():
         match = _TAGGED.match(line)
         if match:
             per_rank.setdefault(int(match.group(1)), []).append(match.group(2) + "\n")
     return {rank: "".join(lines) for rank, lines in sorted(per_rank.items())}
+
+
+def launch_environment(env: Mapping[str, str | None] | None) -> dict[str, str]:
+    """The test's environment with the repository first on PYTHONPATH and `env`'s entries (None removes)."""
+    run_env = dict(os.environ)
+    run_env["PYTHONPATH"] = os.pathsep.join(
+        [REPO_ROOT] + [p for p in run_env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    for name, value in (env or {}).items():
+        if value is None:
+            run_env.pop(name, None)
+        else:
+            run_env[name] = value
+    return run_env
 
 
 def run_ranks(n: int, code_or_script: str | os.PathLike, args: Sequence[str] = (),
@@ -119,14 +133,7 @@ def _run_once(n, code_or_script, args, timeout, launcher_args, env, all_output) 
             with open(path, "w") as handle:
                 handle.write(script)
             script = path
-        run_env = dict(os.environ)
-        run_env["PYTHONPATH"] = os.pathsep.join(
-            [REPO_ROOT] + [p for p in run_env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        for name, value in (env or {}).items():
-            if value is None:
-                run_env.pop(name, None)
-            else:
-                run_env[name] = value
+        run_env = launch_environment(env)
         command = [sys.executable, "-m", "tarantella.launcher", "-n", str(n),
                    *(["--output-on-all-devices"] if all_output else []), *launcher_args,
                    "--", script, *args]
@@ -152,4 +159,4 @@ def _run_once(n, code_or_script, args, timeout, launcher_args, env, all_output) 
             ) from None
         elapsed = time.monotonic() - start
     return RanksResult(process.returncode, stdout, stderr, elapsed,
-                       _split_by_rank(stdout), _split_by_rank(stderr), command)
+                       split_by_rank(stdout), split_by_rank(stderr), command)

@@ -1,15 +1,12 @@
 """Every input kind on 1 and 2 ranks through the launcher (programs/input_kinds.py runs all checks in one launch):
 training equal to serial Keras, each rank's pipeline mapping about 1/N of the samples, the order-mismatch errors."""
-import os
 
 import pytest
 
 from tests.keras.test_data_parallel import results  # {check: {rank: values}} from RESULT lines
-from tests.multirank import run_ranks
+from tests.launches import TRAINING
 
-PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs", "input_kinds.py")
 TOLERANCE = 1e-5  # as tests/keras/test_data_parallel.py
-TIMEOUT = 400
 N, BATCH, EPOCHS = 96, 12, 2  # as in the program
 
 
@@ -18,11 +15,10 @@ def shares(batches: int, n: int, rank: int) -> int:
     return len(range(rank, batches, n))
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(TIMEOUT + 30)
+@TRAINING.test("input_kinds")
 @pytest.mark.parametrize("n", [1, 2])
 def test_every_input_kind_reads_its_share_and_trains_as_serial(n):
-    run = run_ranks(n, PROGRAM, timeout=TIMEOUT, env={"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}).check()
+    run = TRAINING.run("input_kinds", n).check()
     found = results(run, n)
     for values in found["alltoall"].values():
         assert values["exact"] == [True] * n and "give one block (possibly empty) per rank" in values["refused"]

@@ -1,22 +1,18 @@
 """A model's own train/test/predict step receives, for every input form Keras accepts, the structure plain
 Keras hands it (programs/step_structure.py checks all forms in one launch), at 1, 2 and 3 ranks."""
-import os
 import re
 
 import pytest
 
-from tests.multirank import run_ranks
+from tests.launches import TRAINING
 
-PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs", "step_structure.py")
-TIMEOUT = 400
 FORMS = 19  # entries of the program's FORMS
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(TIMEOUT + 30)
+@TRAINING.test("step_structure")
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_own_steps_receive_what_serial_keras_hands_them(n):
-    run = run_ranks(n, PROGRAM, timeout=TIMEOUT, env={"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}).check()
+    run = TRAINING.run("step_structure", n).check()
     for rank in range(n):
         lines = [line for line in run.rank_stdout[rank].splitlines() if line.startswith("STRUCTURE ")]
         assert len(lines) == FORMS, (rank, run.stdout[-3000:], run.stderr[-3000:])

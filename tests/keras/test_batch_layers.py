@@ -2,24 +2,20 @@
 BatchNormalization uses the global batch; at 1, 2 and 3 ranks (3: an uneven split, one empty micro-batch in the
 partial last batch), also with steps_per_execution=3, training equals serial Keras and every rank ends with
 identical variables (programs/batch_layers.py runs all cases in one launch)."""
-import os
 
 import pytest
 
-from tests.multirank import run_ranks
+from tests.launches import TRAINING
 
-PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs", "batch_layers.py")
-TIMEOUT = 500
 TOLERANCE = 1e-5
 CASES = ["dense_dropout_family", "spatial_dropout", "attention_dropout", "augmentation", "batch_norm",
          "batch_norm_synchronized", "residual_cnn_bn_dropout", "residual_cnn_bn_dropout_3_steps_per_execution"]
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(TIMEOUT + 30)
+@TRAINING.test("batch_layers")
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_random_layers_and_batch_norm_train_as_serial(n):
-    run = run_ranks(n, PROGRAM, timeout=TIMEOUT, env={"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}).check()
+    run = TRAINING.run("batch_layers", n).check()
     for rank in range(n):
         found = {}
         for line in run.rank_stdout[rank].splitlines():

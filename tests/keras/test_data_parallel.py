@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from tests.launches import TRAINING
 from tests.multirank import run_ranks
 
 PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
@@ -26,11 +27,10 @@ def results(run, n):
     return by_check
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(TIMEOUT + 30)
+@TRAINING.test("fit_matches_serial")
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_fit_evaluate_predict_match_serial_keras(n):
-    run = run_ranks(n, os.path.join(PROGRAMS, "fit_matches_serial.py"), timeout=TIMEOUT, env=ENV).check()
+    run = TRAINING.run("fit_matches_serial", n).check()
     found = results(run, n)
     for check in ("mlp_arrays", "cnn_dataset", "mlp_micro_batches", "dict_inputs", "compiled_before_wrapping",
                   "subclassed_unbuilt"):

@@ -3,25 +3,19 @@ ranks as plain Keras trains them serially, element by element: every variable an
 with BatchNormalization, Dropout, augmentation layers and users' own steps, losses and metrics. In float64
 (programs/keras_io_zoo.py says why), where serial-equal training differs by rounding only (< 1e-8 here) and
 any real difference (a sample order, a random draw, a batch statistic) by far more than 1e-7. One launch."""
-import os
 
-import pytest
 
-from tests.multirank import run_ranks
+from tests.launches import TRAINING
 
-PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs", "keras_io_zoo.py")
-TIMEOUT = 400
 TOLERANCE = 1e-7
 EXAMPLES = ["dcgan", "vae", "denoising_autoencoder", "simsiam", "distiller", "siamese", "vit", "mlp_mixer", "unet",
             "bidirectional_lstm", "transformer_classifier", "structured_data", "timeseries_conv1d", "multi_output",
             "add_loss_and_trackers"]
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(TIMEOUT + 30)
+@TRAINING.test("keras_io_zoo")
 def test_keras_io_examples_train_as_serial_at_two_ranks():
-    run = run_ranks(2, PROGRAM, args=["--floatx", "float64"], timeout=TIMEOUT,
-                    env={"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}).check()
+    run = TRAINING.run("keras_io_zoo", 2).check()   # --floatx float64
     for rank in range(2):
         found = {}
         for line in run.rank_stdout[rank].splitlines():

@@ -1,22 +1,19 @@
 """The metric state summed in the gradient reduction (Note [Metric state rides with the gradients]):
 the same logs, bit for bit, as the separate reduction after the gradients, and serial Keras's."""
 import json
-import os
 import re
 
 import pytest
 
-from tests.multirank import run_ranks
-
-PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "metrics_with_gradients.py")
+from tests.launches import TRAINING
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(400)
+
+@TRAINING.test("metrics_with_gradients")
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_metric_state_riding_with_gradients_is_exact(ranks):
     # Quiet, about 30 s: three models trained on each rank (serial, riding, after).
-    run = run_ranks(ranks, PROGRAM, timeout=300).check()
+    run = TRAINING.run("metrics_with_gradients", ranks).check()
     results = [json.loads(match) for match in re.findall(r"RESULT (\{.*\})", run.stdout)]
     assert {r["rank"] for r in results} == set(range(ranks)), run.describe()
     for result in results:

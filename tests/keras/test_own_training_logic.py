@@ -5,18 +5,18 @@ import re
 
 import pytest
 
+from tests.launches import TRAINING
 from tests.keras.test_data_parallel import ENV, PROGRAMS, results
-from tests.multirank import REPO_ROOT, run_ranks
+from tests.multirank import run_ranks
 
 TOLERANCE = 1e-5
 TIMEOUT = 400
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(TIMEOUT + 30)
+@TRAINING.test("own_training_logic")
 @pytest.mark.parametrize("n", [1, 2])
 def test_overridden_steps_and_gan_match_serial(n):
-    run = run_ranks(n, os.path.join(PROGRAMS, "own_training_logic.py"), timeout=TIMEOUT, env=ENV).check()
+    run = TRAINING.run("own_training_logic", n).check()
     found = results(run, n)
     for check in ("compute_loss", "train_test_predict_steps", "gan"):
         for rank, values in found[check].items():
@@ -28,15 +28,24 @@ def test_overridden_steps_and_gan_match_serial(n):
             assert values["evaluate"] <= TOLERANCE and values["predict"] <= TOLERANCE
             assert values["predict_shape"] == [101, 3]
     assert sorted(found["gan"][0]["keys"]) == ["d_loss", "g_loss"]
+    # A step's own loss beside other values is what the history holds (never the untouched loss tracker's 0.0),
+    # and a float64 model's logs are its float64 values, not float32 sums (issue 44 §2).
+    for kind in ("arrays", "dataset"):
+        for dtype, tolerance in (("float32", TOLERANCE), ("float64", 1e-12)):
+            check = f"own_loss_beside_others_{kind}_{dtype}"
+            for rank, values in found[check].items():
+                assert values["keys"] == ["loss", "out"], (check, values)
+                assert min(values["all_logs"]["loss"]) > 0.01, (check, rank, values["all_logs"])
+                assert values["weights"] <= tolerance, f"{check} rank {rank}: weights differ by {values['weights']}"
+                assert values["logs"] <= tolerance, (check, rank, values["all_logs"], values["serial_logs"])
     for values in found["manual_update"].values():  # refused at every rank count, in one line
         assert values["raised"] and "optimizer.apply" in values["message"], values
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(TIMEOUT + 30)
+@TRAINING.test("keras_fidelity")
 @pytest.mark.parametrize("n", [2])  # 2 ranks: the data sets end with 1-sample batches (an empty micro-batch)
 def test_keras_io_architectures_empty_micro_batches_class_weight(n):
-    run = run_ranks(n, os.path.join(PROGRAMS, "keras_fidelity.py"), timeout=TIMEOUT, env=ENV).check()
+    run = TRAINING.run("keras_fidelity", n).check()
     found = results(run, n)
     for check in ("text_transformer", "images_lenet", "images_batch_norm", "tabular", "class_weight_dataset"):
         for rank, values in found[check].items():
@@ -52,12 +61,11 @@ def test_keras_io_architectures_empty_micro_batches_class_weight(n):
         assert "single output" in values["messages"]["class_weight_outputs"]
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(TIMEOUT + 30)
+@TRAINING.test("sparse_optimizers")
 def test_sparse_gradients_with_adam_rmsprop_adagrad_match_serial():
     """Embeddings' gradients are slices per lookup, applied slice by slice by these optimizers: 2 ranks
     must equal serial in fit, an own train_step and a custom loop (Note [Sparse gradients stay sparse])."""
-    run = run_ranks(2, os.path.join(PROGRAMS, "sparse_optimizers.py"), timeout=TIMEOUT, env=ENV).check()
+    run = TRAINING.run("sparse_optimizers", 2).check()
     found = results(run, 2)
     assert sorted(found) == ["custom_loop_adam", "fit_adagrad", "fit_adam", "fit_rmsprop", "own_train_step_adam"]
     for check, per_rank in found.items():
@@ -67,12 +75,10 @@ def test_sparse_gradients_with_adam_rmsprop_adagrad_match_serial():
             assert values["logs"] <= TOLERANCE, f"{check} rank {rank}: logs differ by {values['logs']}"
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(200)
+@TRAINING.test("custom_loop")
 @pytest.mark.parametrize("n", [1, 2])
 def test_custom_loop_example_matches_serial(n):
-    run = run_ranks(n, os.path.join(REPO_ROOT, "examples", "custom_loop.py"), args=["--check"], timeout=170,
-                    env=ENV).check()
+    run = TRAINING.run("custom_loop", n).check()
     for rank in range(n):
         match = re.search(r"max relative difference (\S+)", run.rank_stdout[rank])
         assert match and float(match.group(1)) <= TOLERANCE, run.rank_stdout[rank]

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.multirank import run_ranks
+from tests.launches import TRAINING
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "sharded_optimizer.py")
 SET_UPS = ["SGD with momentum", "AdamW excluding biases from decay", "Adam with global_clipnorm",
@@ -31,9 +31,7 @@ def assert_trained_as_unsharded(result, ranks: int) -> None:
     result.assert_printed(CHECKS, range(ranks))
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(400)
+@TRAINING.test("sharded_optimizer")
 @pytest.mark.parametrize("ranks", [1, 2, 4])   # 3 ranks: across hosts, tests/cluster/test_sharding_across_hosts.py
 def test_sharded_optimizer_state_trains_as_unsharded(ranks):
-    assert_trained_as_unsharded(run_ranks(ranks, PROGRAM, timeout=380, env={"TF_CPP_MIN_LOG_LEVEL": "2"}).check(),
-                                ranks)
+    assert_trained_as_unsharded(TRAINING.run("sharded_optimizer", ranks).check(), ranks)

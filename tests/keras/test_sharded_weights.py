@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.multirank import run_ranks
+from tests.launches import TRAINING
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "sharded_weights.py")
 SET_UPS = ["SGD with momentum", "AdamW excluding biases from decay", "Adam with global_clipnorm",
@@ -32,9 +32,7 @@ def assert_trained_as_unsharded(result, ranks: int) -> None:
     result.assert_printed(CHECKS, range(ranks))
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(300)
+@TRAINING.test("sharded_weights")
 @pytest.mark.parametrize("ranks", [1, 2, 4])   # 3 ranks: across hosts, tests/cluster/test_sharding_across_hosts.py
 def test_sharded_weights_train_as_unsharded(ranks):
-    assert_trained_as_unsharded(run_ranks(ranks, PROGRAM, timeout=280, env={"TF_CPP_MIN_LOG_LEVEL": "2"}).check(),
-                                ranks)
+    assert_trained_as_unsharded(TRAINING.run("sharded_weights", ranks).check(), ranks)

@@ -13,7 +13,7 @@ import pytest
 
 from tarantella.config import SETTINGS
 from tarantella.launcher.rank_wrapper import interop_threads
-from tests.multirank import RANK_HELPERS, REPO_ROOT, RanksTimedOut, _split_by_rank, run_ranks
+from tests.multirank import RANK_HELPERS, REPO_ROOT, RanksTimedOut, run_ranks, split_by_rank
 
 SIZES = (1, 2, 3)
 START_UP = 10.0  # seconds we allow Open MPI and the interpreters to start, on a busy machine
@@ -164,7 +164,7 @@ def _processes_running(path: str) -> list[str]:
 
 def test_the_runner_credits_a_line_glued_to_open_mpis_banner_to_its_rank():
     output = "[1] one\n" + "-" * 74 + "[0] tarantella: in pipeline stage 0 of 2: injected failure\nnot [2] tagged\n"
-    assert _split_by_rank(output) == {0: "tarantella: in pipeline stage 0 of 2: injected failure\n", 1: "one\n"}
+    assert split_by_rank(output) == {0: "tarantella: in pipeline stage 0 of 2: injected failure\n", 1: "one\n"}
 
 
 @pytest.mark.timeout(30)

@@ -5,14 +5,11 @@ import os
 
 import pytest
 
+from tests.launches import PIPELINE
 from tests.multirank import run_ranks
 
 PROGRAMS = os.path.join(os.path.dirname(__file__), "programs")
-# oneDNN's graph rewrites fuse ops differently in a stage's graph than in the whole model's (the fused
-# kernels round differently), and Adam amplifies that rounding: measured, 2 stages at M = 1 are bit-identical
-# to serial Keras without them and differ by ~1e-5 relative with them. Without them the 1e-5 comparisons
-# check the pipeline's logic, with only micro-batching's own rounding left.
-ENV = {"TNT_TIMEOUT_SECONDS": "60", "TF_ENABLE_ONEDNN_OPTS": "0"}
+# The programs run in PIPELINE's environment (tests/launches.py), oneDNN's graph rewrites off.
 TRAINING_CHECKS = [f"{name} {check}" for name in ("1f1b", "1f1b with deferred weight gradients", "gpipe")
                    for check in ("training matches serial", "evaluate and predict match serial")] + ["done"]
 
@@ -21,23 +18,24 @@ def check_all_ranks(result, ranks, checks):
     result.assert_printed(checks, range(ranks))
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("ranks,stages,extra", [(2, 2, ["--save", "--deterministic"]),
-                                                (4, 2, ["--data-parallel", "--deterministic"]), (4, 4, ["--save"])],
-                         ids=["2-stages-deterministic", "2-stages-x-2-replicas-deterministic", "4-stages"])
-def test_pipelined_training_matches_serial_keras(ranks, stages, extra, tmp_path):
-    args = [str(stages)] + [a if a != "--save" else f"--save={tmp_path}" for a in extra]
-    result = run_ranks(ranks, os.path.join(PROGRAMS, "check_against_serial.py"), args=args, timeout=220,
-                       env=ENV).check()
-    checks = TRAINING_CHECKS + (["save writes one keras file; load_model pipelines it"] if "--save" in extra else [])
+def _against_serial(name, ranks, saves):
+    """PIPELINE's program `name`: check_against_serial.py with STAGES [--save=DIR] [--data-parallel]
+    [--deterministic] (tests/launches.py)."""
+    return pytest.param(name, ranks, saves, marks=PIPELINE.marks(name), id=name)
+
+
+@pytest.mark.parametrize("name,ranks,saves", [_against_serial("2-stages-deterministic", 2, True),
+                                              _against_serial("2-stages-x-2-replicas-deterministic", 4, False),
+                                              _against_serial("4-stages", 4, True)])
+def test_pipelined_training_matches_serial_keras(name, ranks, saves):
+    result = PIPELINE.run(name, ranks).check()
+    checks = TRAINING_CHECKS + (["save writes one keras file; load_model pipelines it"] if saves else [])
     check_all_ranks(result, ranks, checks)
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(150)
+@PIPELINE.test("errors_and_auto_cut")
 def test_bad_pipelines_fail_early_and_automatic_cuts_train_like_serial():
-    result = run_ranks(2, os.path.join(PROGRAMS, "check_errors_and_auto_cut.py"), timeout=130, env=ENV).check()
+    result = PIPELINE.run("errors_and_auto_cut", 2).check()
     check_all_ranks(result, 2, ["stage count must divide the ranks", "inputs on the first stage",
                                 "splits and stage count agree", "automatic cut by time trains like serial",
                                 "automatic cut by parameters trains like serial",
@@ -46,11 +44,9 @@ def test_bad_pipelines_fail_early_and_automatic_cuts_train_like_serial():
     assert "automatic pipeline cut into 2 stages" in result.rank_stdout[0], result.describe()
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(240)
-def test_ranks_hold_only_their_stage_and_keep_the_whole_models_semantics(tmp_path):
-    result = run_ranks(2, os.path.join(PROGRAMS, "check_stage_state.py"), args=[str(tmp_path)], timeout=220,
-                       env=ENV).check()
+@PIPELINE.test("stage_state")
+def test_ranks_hold_only_their_stage_and_keep_the_whole_models_semantics():
+    result = PIPELINE.run("stage_state", 2).check()
     check_all_ranks(result, 2, ["each rank holds only its stage's weights and optimizer state",
                                 "global_clipnorm, regularizers, add_loss and class_weight train like serial",
                                 "a LossScaleOptimizer takes one decision for all stages",
@@ -60,22 +56,20 @@ def test_ranks_hold_only_their_stage_and_keep_the_whole_models_semantics(tmp_pat
                                 "micro-batches must divide the batch", "done"])
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(240)
+@PIPELINE.test("wide_micro_batches")
 def test_the_benchmarks_shape_trains_as_serial_and_bitwise_as_keras_adam():
     """16-row micro-batches (the input gradient's other form) and Adam in one pass, under op determinism."""
-    result = run_ranks(2, os.path.join(PROGRAMS, "wide_micro_batches.py"), timeout=220, env=ENV).check()
+    result = PIPELINE.run("wide_micro_batches", 2).check()
     check_all_ranks(result, 2, ["Adam in one pass gives Keras's own update's weights to the bit",
                                 "run to run the same bits", "16-row micro-batches train as serial Keras", "done"])
 
 
-@pytest.mark.multirank
-@pytest.mark.timeout(240)
+@PIPELINE.test("batch_layers")
 @pytest.mark.parametrize("ranks", [2, 4], ids=["2-stages", "2-stages-x-2-replicas"])
 def test_layers_that_look_at_the_batch_follow_serial_per_micro_batch(ranks):
     """Issue 19 §1-2: each micro-batch draws serial's random values; BatchNormalization shares each
     micro-batch's statistics over the stage's replicas (serial's at one micro-batch)."""
-    result = run_ranks(ranks, os.path.join(PROGRAMS, "check_batch_layers.py"), timeout=220, env=ENV).check()
+    result = PIPELINE.run("batch_layers", ranks).check()
     check_all_ranks(result, ranks, ["1f1b: random layers draw serial's values per micro-batch",
                                     "gpipe: random layers draw serial's values per micro-batch",
                                     "one micro-batch: BatchNormalization over the replicas is serial's",
