@@ -9,9 +9,25 @@ optimizer] in distributed_optimizer.py), metric state is summed over the ranks
 (Note [Empty micro-batches] in empty_micro_batch.py).
 
 What the logs become: a value that is the result of one of the model's
-metrics (`model.metrics`) is the global result, from the summed state; any
-other float scalar the step returns is taken as a mean over the micro-batch and
-becomes the global batch's mean (sum over ranks of value * n_r / N).
+metrics (`model.metrics`), i.e. a tensor its `result()` returned during the
+step, is the global result, from the summed state; any other float scalar the
+step returns is taken as a mean over the micro-batch and becomes the global
+batch's mean (sum over ranks of value * n_r / N), in its own dtype. A log's key
+plays no part: Keras itself reports the step's logs whenever their keys differ
+from its metrics' (`Trainer._get_metrics_result_or_logs`), so a step that
+returns its own `loss` beside other values reports that loss, not the (never
+updated) loss tracker's (Note [Which log values are metric results]).
+
+Note [Which log values are metric results]
+Serial Keras logs what the step returns. A value the step computed itself (a
+loss over the batch) is serial's when the ranks' values are averaged by their
+shares; a metric's result is serial's only when computed from the metric state
+summed over the ranks. The two cannot be told apart by name: keras.io's steps
+return `{"loss": loss, ...}` beside Keras's own loss tracker, also named
+"loss", which such a step never updates. So while the step is traced, each
+metric's `result()` is watched, and a returned tensor that one of them
+produced is replaced by that metric's global result; everything else is a
+mean.
 
 Note [Means of whole micro-batches]
 A `keras.metrics.Mean` updated with one scalar and no sample weight
@@ -47,7 +63,10 @@ def overridden(model: keras.Model) -> list[str]:
 
 
 def _share(count, global_size) -> tf.Tensor:
-    return tf.cast(count, tf.float32) / tf.cast(global_size, tf.float32)
+    """n_r / N in float64, cast to each tensor's dtype where it weighs one: a float32 share of a float64 model's
+    gradient (2/5, say) would round it to float32's precision; for float32 tensors the cast gives the very bits of
+    a float32 division (both are correctly rounded)."""
+    return tf.cast(count, tf.float64) / tf.cast(global_size, tf.float64)
 
 
 def _state_to_keep(model) -> list:
@@ -65,6 +84,7 @@ def train_step(model, data):
                           overlap=model.overlap_communication)
     gathering = model._gathering   # shard="weights": Note [Weights gathered for a model's own train_step]
     with step_context(context), _whole_batch_means(user.metrics, share * model.world_size), \
+            _watching_results(user.metrics) as produced, \
             batch_position.tracing_step(batch_position.of_step(model, batch, global_size, count)), \
             gathering.tapes_sum_on_owners(share) if gathering is not None else contextlib.nullcontext():
         logs = user.train_step(batch)
@@ -76,7 +96,7 @@ def train_step(model, data):
                          f"custom loop)")
     model._gradient_allreducer = context.first_allreducer
     restorer.restore_if_empty(count)
-    return global_logs(model, logs, share)
+    return global_logs(model, logs, share, produced)
 
 
 def test_step(model, data):
@@ -85,11 +105,11 @@ def test_step(model, data):
     batch, count, may_be_empty = empty_micro_batch.with_placeholder(batch)
     restorer = empty_micro_batch.Restorer(_state_to_keep(model), may_be_empty)
     share = _share(count, global_size)
-    with _whole_batch_means(user.metrics, share * model.world_size), \
+    with _whole_batch_means(user.metrics, share * model.world_size), _watching_results(user.metrics) as produced, \
             batch_position.tracing_step(batch_position.of_step(model, batch, global_size, count)):
         logs = user.test_step(batch)
     restorer.restore_if_empty(count)
-    return global_logs(model, logs, share)
+    return global_logs(model, logs, share, produced)
 
 
 def predict_step(model, data):
@@ -124,26 +144,51 @@ def _whole_batch_means(metrics, weight):
             del metric.update_state
 
 
-def global_logs(model, logs, share):
-    """The step's logs with global values (see the module docstring); local on one rank."""
+def global_logs(model, logs, share, produced: dict):
+    """The step's logs with global values (see the module docstring); local on one rank. `produced` maps
+    id(tensor) to the key of the metric result that tensor is (_watching_results)."""
     if model.world_size == 1 or not isinstance(logs, dict):
         return logs
-    metrics = model.wrapped_model.metrics
-    results = metric_reduction.graph_global_results(
-        metrics, lambda tensors: model._allreducer_for(tensors, "metrics"))
-    others = [key for key, value in logs.items() if key not in results and _is_float_scalar(value)]
-    if others:
-        weighted = [tf.cast(logs[key], tf.float32) * share for key in others]
-        summed = model._allreducer_for(weighted, "logs")(weighted)
-        results.update(zip(others, summed))
-    return {key: _global_value(results, key, value) for key, value in logs.items()}
+    values = tf.nest.flatten(logs)
+    results = {}
+    if any(id(value) in produced for value in values):
+        results = metric_reduction.graph_global_results(
+            model.wrapped_model.metrics, lambda tensors: model._allreducer_for(tensors, "metrics"))
+    means = [value for value in values if id(value) not in produced and _is_float_scalar(value)]
+    if means:
+        weighted = [value * tf.cast(share, value.dtype) for value in means]
+        summed = dict(zip(map(id, means), model._allreducer_for(weighted, "logs")(weighted)))
+    else:
+        summed = {}
+
+    def global_value(value):
+        if id(value) in produced and produced[id(value)] in results:
+            return results[produced[id(value)]]
+        return summed.get(id(value), value)
+    return tf.nest.pack_sequence_as(logs, [global_value(value) for value in values])
 
 
-def _global_value(results: dict, key, value):
-    """A metric's global result; a dict of results (Keras's CompileMetrics) entry by entry."""
-    if isinstance(value, dict) and key not in results:
-        return {inner: _global_value(results, inner, item) for inner, item in value.items()}
-    return results.get(key, value)
+@contextlib.contextmanager
+def _watching_results(metrics):
+    """Within (while tracing a step): yields {id(tensor): result key} of every tensor a metric's `result()`
+    returned, keyed as metric_reduction.results_from_state keys the global results (Note [Which log values
+    are metric results]). The metrics' own result is back afterwards."""
+    produced, alive = {}, []   # `alive` holds the tensors, so that no other object takes their ids
+    watched = list({id(metric): metric for metric in metrics}.values())
+    for metric in watched:
+        def result(_original=metric.result, _name=metric.name):
+            value = _original()
+            named = value.items() if isinstance(value, dict) else [(_name, value)]
+            for key, item in named:
+                produced[id(item)] = key
+                alive.append(item)
+            return value
+        metric.result = result
+    try:
+        yield produced
+    finally:
+        for metric in watched:
+            del metric.result
 
 
 def _is_float_scalar(value) -> bool:

@@ -154,6 +154,41 @@ report("gan", weights=relative_difference(serial.get_weights(), distributed.get_
        logs=logs_difference(hs, hd), keys=sorted(hd.history), all_logs=hd.history)
 
 
+# keras.io's DCGAN/VAE-style step fitted on inputs alone, returning its own loss beside another value and
+# compiled with an optimizer only: Keras's loss tracker (also named "loss") is never updated, and since the
+# logs' keys differ from the metrics' Keras reports the step's logs (Trainer._get_metrics_result_or_logs),
+# so the history holds the step's own loss, in serial and distributed training alike. Also in float64, whose
+# logs must not pass through float32.
+class OwnLossBesideOthers(keras.Model):
+    def train_step(self, real):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self(real, training=True) - 1.0))
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+        return {"loss": loss, "out": tf.reduce_mean(self(real))}
+
+
+def own_loss_run(wrap, inputs, dtype):
+    keras.utils.set_random_seed(5)
+    model_inputs = keras.Input((8,), dtype=dtype)
+    model = wrap(OwnLossBesideOthers(model_inputs, keras.layers.Dense(1, dtype=dtype)(
+        keras.layers.Dense(6, activation="tanh", dtype=dtype)(model_inputs))))
+    model.compile(optimizer="sgd")
+    history = model.fit(inputs, epochs=EPOCHS, verbose=0, **({} if isinstance(inputs, tf.data.Dataset)
+                                                             else dict(batch_size=10, shuffle=False)))
+    return model, history
+
+
+for dtype in ("float32", "float64"):
+    inputs = x.astype(dtype)
+    for kind, data in (("arrays", inputs), ("dataset", tf.data.Dataset.from_tensor_slices(inputs).batch(12))):
+        serial, hs = own_loss_run(lambda model: model, data, dtype)
+        distributed, hd = own_loss_run(tnt.Model, data, dtype)
+        report(f"own_loss_beside_others_{kind}_{dtype}",
+               weights=relative_difference(serial.get_weights(), distributed.get_weights()),
+               logs=logs_difference(hs, hd), keys=sorted(hd.history), all_logs=hd.history,
+               serial_logs=hs.history)
+
+
 # Refused before training, with one line saying what and why: a train_step that updates its
 # variables itself (no optimizer.apply) cannot be distributed.
 class ManualUpdate(keras.Model):
