@@ -20,7 +20,9 @@ right behind (the tests of one launch run one after the other, in the programs' 
 duration is its program's, and one launch runs at a time: a launch starts once the previous one has ended.
 A test reads only its own program's output and exit code: the ranks' lines between the program's markers.
 Its timeout is the program's own, from the moment a rank starts it: a program that outlives it has the
-launch killed, and its test fails with RanksTimedOut, as with run_ranks. A program that fails or hangs ends
+launch killed, and its test fails with RanksTimedOut, as with run_ranks; a launch in which no program runs
+for _BETWEEN_PROGRAMS_SECONDS (it hangs before its first program or between two) is killed too. A program
+that fails or hangs ends
 the launch, so the programs after it do not run: their tests fail, naming it (a failure stays within its
 launch). The launch's exit code counts for its last program (a crash at the end of the job). Programs that
 are meant to fail, kill ranks or need launcher flags of their own keep run_ranks.
@@ -49,7 +51,9 @@ MARKER = "shared_launch"          # pytest marker: (SharedLaunch, program name);
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_runner.py")
 _MARK_LINE = re.compile(r"^-*\[(\d+)\] @@tnt-(begin|end) (\S+)(?: (-?\d+))?$")
 _TAG = re.compile(r"^-*\[(\d+)\] ")
+_FAILED_FIRST = re.compile(r"^tarantella: error: rank (\d+)\b.* failed first")   # the launcher's root cause
 _POLL_SECONDS = 0.25
+_BETWEEN_PROGRAMS_SECONDS = 180.0   # the launch's start (Python, TensorFlow, MPI) or the step to the next program
 _ONE_AT_A_TIME = threading.Lock()   # held by the launch that runs
 
 
@@ -114,9 +118,12 @@ class _Launch:
                         "--", RUNNER, plan]
         self.lines = {"stdout": [], "stderr": []}
         self.begun: dict[str, float] = {}                              # when the first rank began it
+        self.in_program: dict[int, str] = {}                           # rank -> the program it began last
         self.ended: dict[tuple[str, str], dict[int, int]] = {}         # (stream, program) -> {rank: code}
         self.ended_at: dict[str, float] = {}
         self.timed_out: str | None = None
+        self.stalled = False                                           # no program began in time
+        self.last_marker = time.monotonic()
         self.returncode: int | None = None
         self._changed = threading.Condition()
         _ONE_AT_A_TIME.acquire()
@@ -146,24 +153,29 @@ class _Launch:
             with self._changed:
                 self.lines[stream].append(line)
                 if match:
+                    self.last_marker = time.monotonic()
                     rank, kind, name, code = int(match.group(1)), match.group(2), match.group(3), match.group(4)
                     if kind == "begin":
                         self.begun.setdefault(name, time.monotonic())
+                        self.in_program[rank] = name
                     else:
                         self.ended.setdefault((stream, name), {})[rank] = int(code)
                         self.ended_at[name] = time.monotonic()
                     self._changed.notify_all()
 
     def _watch(self) -> None:
-        """Wait for the launch's end; kill it when a program outlives its timeout."""
+        """Wait for the launch's end; kill it when a program outlives its timeout, or when no program runs and
+        none began for _BETWEEN_PROGRAMS_SECONDS (a launch that hangs before its first program)."""
         try:
             while self.process.poll() is None:
                 time.sleep(_POLL_SECONDS)
                 with self._changed:
                     late = next((p.name for p in self.programs if p.name in self.begun and not self._done(p.name)
                                  and time.monotonic() - self.begun[p.name] > p.timeout), None)
-                if late is not None:
-                    self.timed_out = late
+                    idle = all(self._done(name) for name in self.begun) and \
+                        time.monotonic() - self.last_marker > _BETWEEN_PROGRAMS_SECONDS
+                if late is not None or idle:
+                    self.timed_out, self.stalled = late, idle
                     try:
                         os.killpg(self.process.pid, signal.SIGKILL)
                     except ProcessLookupError:
@@ -188,36 +200,40 @@ class _Launch:
                 self._changed.wait(timeout=1.0)
             return self._result(name)
 
+    def _culprit(self) -> str | None:
+        """The program that ended the launch early: the one that timed out, else the one the rank that failed
+        first (the launcher names it) was in, else the first that a rank began and not every rank ended. The
+        ranks the launcher stops may be in other programs then, before or after it, that were going well."""
+        if self.timed_out is not None:
+            return self.timed_out
+        failed = next((int(match.group(1)) for match in map(_FAILED_FIRST.match, self.lines["stderr"]) if match),
+                      None)
+        if failed in self.in_program:
+            return self.in_program[failed]
+        return next((p.name for p in self.programs if p.name in self.begun and not self._done(p.name)), None)
+
     def _result(self, name: str) -> RanksResult:
         whole = (f"command: {' '.join(self.command)}\n--- stdout ---\n{''.join(self.lines['stdout'])[-6000:]}"
                  f"--- stderr ---\n{''.join(self.lines['stderr'])[-6000:]}")
-        names = [p.name for p in self.programs]
-        # A rank begins a program once it has ended every earlier one without error, so the first program that
-        # failed or timed out stopped the launch; one after it that some ranks began did not run on the others.
-        stopped_by = next((other for other in names[:names.index(name)] if other in self.begun and
-                           (other == self.timed_out or self._code(other) != 0)), None)
-        if stopped_by is not None or name not in self.begun:
-            raise AssertionError(f"{name} did not run at {self.n} ranks: the shared launch ended "
-                                 f"{'in ' + stopped_by if stopped_by else 'before it'} (exit code "
-                                 f"{self.returncode})\n{whole}")
+        culprit = self._culprit() if self.returncode is not None else None
         out, err = (_between(self.lines[stream], name) for stream in ("stdout", "stderr"))
         if name == self.timed_out:
             raise RanksTimedOut(f"{name}: {self.n} ranks did not finish within "
                                 f"{next(p.timeout for p in self.programs if p.name == name)} s; killed.\n"
                                 f"command: {' '.join(self.command)}\n--- stdout ---\n{out}--- stderr ---\n{err}")
-        code = self._code(name)
+        if name not in self.begun or (culprit not in (None, name) and not self._done(name)):
+            what = "did not run" if name not in self.begun else "did not finish on every rank"
+            stall = f"; killed after {_BETWEEN_PROGRAMS_SECONDS:g} s without a program" if self.stalled else ""
+            raise AssertionError(f"{name} {what} at {self.n} ranks: the shared launch ended "
+                                 f"{'in ' + culprit if culprit else 'before it'} (exit code "
+                                 f"{self.returncode}{stall})\n{whole}")
+        code = 0 if self._done(name) else (self.returncode or 1)
         if name == self.programs[-1].name and self.returncode:
-            code = code or self.returncode
+            code = code or self.returncode   # the launch's end is its last program's
         elapsed = self.ended_at.get(name, time.monotonic()) - self.begun[name]
         program = next(p for p in self.programs if p.name == name)
         command = self.command + [f"(program {name}: {program.path} {' '.join(program.args)})"]
         return RanksResult(code, out, err, elapsed, split_by_rank(out), split_by_rank(err), command)
-
-    def _code(self, name: str) -> int:
-        ended = self.ended.get(("stdout", name), {})
-        if len(ended) == self.n:
-            return max(ended.values(), key=abs)
-        return self.returncode or 1   # a rank that never ended it: the launch's code
 
 
 def _between(lines: list[str], name: str) -> str:

@@ -21,8 +21,15 @@ def test_each_program_gets_its_own_output_and_a_failure_ends_the_launch(tmp_path
                                     "print('first', rank_of_env(), sys.argv[1:])\n", args=("a", "b")),
         _program(tmp_path, "second", "import os, sys\nprint('second', rank_of_env(), os.environ.get('LEAK'))\n"
                                      "sys.exit(0)\n"),
-        _program(tmp_path, "fails", "import sys\nprint('about to fail', flush=True)\n"
-                                    "if rank_of_env() == 1: raise ValueError('planted')\n"),
+        # rank 1 fails once rank 0 has ended "second" (these programs have no collective to keep the ranks
+        # together; rank 0 would be stopped wherever it is)
+        _program(tmp_path, "fails", f"import os, time\nprint('about to fail', flush=True)\n"
+                                    f"mark = {str(tmp_path / 'rank-0-in-fails')!r}\n"
+                                    f"if rank_of_env() == 0: open(mark, 'w').close()\n"
+                                    f"deadline = time.time() + 60\n"
+                                    f"while rank_of_env() == 1 and not os.path.exists(mark) and time.time() < deadline:\n"
+                                    f"    time.sleep(0.05)\n"
+                                    f"if rank_of_env() == 1: raise ValueError('planted')\n"),
         _program(tmp_path, "after", "print('never')\n"),
     ])
     first = launch.run("first", 2).check()
@@ -32,7 +39,8 @@ def test_each_program_gets_its_own_output_and_a_failure_ends_the_launch(tmp_path
     failed = launch.run("fails", 2)
     assert failed.returncode != 0 and "about to fail" in failed.rank_stdout[1]
     assert "ValueError: planted" in failed.rank_stderr[1], failed.describe()
-    with pytest.raises(AssertionError, match="after did not run at 2 ranks: the shared launch ended in fails"):
+    with pytest.raises(AssertionError, match=r"after did not (run|finish on every rank) at 2 ranks: the shared launch "
+                                             r"ended in fails"):
         launch.run("after", 2)
 
 
