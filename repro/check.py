@@ -24,12 +24,13 @@ tolerance mode, serial (production) and the calibration run the script as writte
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 
 from repro import calibration_step
 from repro import progress as progress_display
-from repro import records, runs, tolerance as tolerance_module, verdicts
+from repro import records, runs, schedule, tolerance as tolerance_module, verdicts
 from repro import wrap as wrap_module
 from repro.compare import differences
 from tarantella import determinism
@@ -56,6 +57,7 @@ class CheckOptions:
     timeout: float                 # seconds per run
     as_written: bool
     wrap: bool = False             # train the script's keras.Model through tnt.Model (repro/wrap.py)
+    jobs: int = 1                  # cores for runs side by side (Note [Runs side by side] in repro/schedule.py)
 
 
 @dataclasses.dataclass
@@ -68,6 +70,12 @@ class CheckOutcome:
     @property
     def passed(self) -> bool:
         return bool(self.verdicts) and all(v["verdict"] in verdicts.PASSING for v in self.verdicts)
+
+    @property
+    def undecided(self) -> bool:
+        """No verdict failed, and at least one could not be decided (Note [Undecided] in repro/tolerance.py)."""
+        return bool(self.verdicts) and all(v["verdict"] in verdicts.PASSING + (verdicts.UNDECIDED,)
+                                           for v in self.verdicts) and not self.passed
 
 
 PRODUCTION = "serial (production)"
@@ -130,20 +138,39 @@ def _directory(options: CheckOptions, name: str) -> str:
     return os.path.join(options.out, "runs", name.replace(" ", "_").replace("(", "").replace(")", ""))
 
 
+def _needs(options: CheckOptions, plan: list[runs.RunSpec]) -> dict[str, str | None]:
+    """Each run's reference run (the one whose record it reads while it runs), by name."""
+    by_directory = {_directory(options, spec.name): spec.name for spec in plan}
+    return {spec.name: by_directory.get(spec.env.get(hook.REFERENCE_VARIABLE)) for spec in plan}
+
+
 def run_check(options: CheckOptions) -> CheckOutcome:
     plan = plan_runs(options)
-    display = progress_display.Progress(len(plan), options.steps)
+    display = progress_display.Progress(len(plan), options.steps, live_updates=options.jobs == 1)
+
+    def execute(spec, stop):
+        return runs.execute(spec, options.script, list(options.script_args), _directory(options, spec.name),
+                            options.timeout, lambda step, seconds: display.update(spec.name, step, seconds), stop)
+    ordered = schedule.in_plan_order(plan, _needs(options, plan), options.jobs, execute,
+                                       lambda spec: display.start(spec.name))
     results: list[runs.RunResult] = []
     recorded: dict[str, records.Record] = {}
     found: list[dict] = []
     refused: set[str] = set()
-    for spec in plan:
-        display.start(spec.name)
-        result = runs.execute(spec, options.script, list(options.script_args), _directory(options, spec.name),
-                              options.timeout, display.update)
+    with contextlib.closing(ordered):
+        _read_results(options, ordered, display, results, recorded, found, refused)
+    tolerance = _compare(options, plan, recorded, found, refused)
+    return CheckOutcome(found, results, tolerance, recorded)
+
+
+def _read_results(options, ordered, display, results, recorded, found, refused) -> None:
+    """The runs' results in the plan's order; stops at the first that decides the others (a failed or refused
+    run: the other runs have the same set-up)."""
+    for result in ordered:
+        spec = result.spec
         results.append(result)
         if not result.succeeded:
-            display.finish("FAILED" if result.returncode is not None else "TIMED OUT", result.seconds)
+            display.finish(spec.name, "FAILED" if result.returncode is not None else "TIMED OUT", result.seconds)
             refusal = result.determinism_failure()
             if refusal is None:
                 raise CheckError(f"{os.path.basename(options.script)} failed on {spec.devices} device"
@@ -153,7 +180,7 @@ def run_check(options: CheckOptions) -> CheckOutcome:
             if spec.role != "as_written":
                 break  # the other runs have the same set-up and would be refused alike
             continue
-        display.finish("done", result.seconds)
+        display.finish(spec.name, "done", result.seconds)
         try:
             recorded[spec.name] = records.load_record(result.directory, spec.name)
         except records.RecordMissing as error:
@@ -165,8 +192,6 @@ def run_check(options: CheckOptions) -> CheckOutcome:
             found.append(refusal)
             refused.add(spec.name)
             break  # every other run of this script would distribute nothing alike
-    tolerance = _compare(options, plan, recorded, found, refused)
-    return CheckOutcome(found, results, tolerance, recorded)
 
 
 def _compare(options, plan, recorded, found, refused) -> tolerance_module.Tolerance | None:
@@ -180,9 +205,6 @@ def _compare(options, plan, recorded, found, refused) -> tolerance_module.Tolera
         calibration = recorded["calibration"]
         tolerance = tolerance_module.derive(differences(calibrated, calibration), calibrated.compute_dtype,
                                             split=bool(calibration.notes.get(calibration_step.SPLIT_NOTE)))
-        capped = verdicts.calibration_exceeds_cap(tolerance)
-        if capped is not None:
-            found.append(capped)
     repeat_spec = next(spec for spec in plan if spec.role == "repeat")
     original_name = _devices_name(repeat_spec.devices)
     if refused:

@@ -1,7 +1,7 @@
 """tnt-repro: does a training script reproduce serial training when distributed?
 
     tnt-repro check train.py [script args] --devices 1,2,4 [--seed S] [--wrap]
-                   [--steps K | --epochs E] [--mode tolerance|exact] [--out DIR]
+                   [--steps K | --epochs E] [--mode tolerance|exact] [--out DIR] [--jobs J]
     tnt-repro lint train.py [more.py ...]
 
 check  runs the unmodified script (which trains with tnt.Model) serially and on
@@ -16,8 +16,9 @@ check  runs the unmodified script (which trains with tnt.Model) serially and on
                                never wrapped in tnt.Model; the line says how to fix it)
          run-to-run            IDENTICAL | NONDETERMINISTIC (largest device count twice)
          as written            IDENTICAL | SEED_DEPENDENT (serially twice without the harness's seeds)
-         calibration           CALIBRATION_EXCEEDS_CAP (the measured tolerance would exceed
-                               2^-12; Note [Tolerance cap] in repro/tolerance.py)
+                               | UNDECIDED (tolerance mode: the calibration itself exceeded the
+                               cap 2^-12 and the run differs by more than the cap but less than
+                               16 x the calibration; Note [Undecided] in repro/tolerance.py)
        --mode tolerance: EQUIVALENT within a tolerance measured by a calibration
        run (the serial run with reversed batches; Note [Derived tolerance] in
        repro/tolerance.py), capped at 2^-12. --mode exact: the script trains in exact
@@ -36,7 +37,7 @@ lint   static checks (no execution) for the known reproducibility pitfalls; one 
 
 Exit codes: 0 all verdicts pass / no findings; 1 a verdict fails / findings;
 2 bad input or a script that fails for another reason (one line
-`tnt-repro: error: ...`).
+`tnt-repro: error: ...`); 3 no verdict fails but one is UNDECIDED.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ __all__ = ["main", "build_parser"]
 
 USAGE_ERROR = 2
 CHECK_FAILED = 1
+CHECK_UNDECIDED = 3
 DEFAULT_OUT_ROOT = os.path.join("results", "repro")
 
 
@@ -88,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "count rounded up to a power of two)")
     check.add_argument("--out", help="output directory (default results/repro/<script>-<mode>-<time>)")
     check.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it is killed (900)")
+    check.add_argument("--jobs", type=int,
+                       help="cores for runs side by side: runs whose ranks fit start together (default: the cores "
+                            "this process may use; 1: one run at a time; Note [Runs side by side] in "
+                            "repro/schedule.py)")
     check.add_argument("--no-as-written", dest="as_written", action="store_false",
                        help="skip the two unseeded serial runs")
     check.add_argument("--wrap", action="store_true",
@@ -99,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_options(parsed, script_args):
+    from repro import schedule
     from repro.check import CheckOptions
     from tarantella._repro import exact_reduction
     script = parsed.script
@@ -113,6 +120,8 @@ def _check_options(parsed, script_args):
         raise UsageError(f"--seed must be in [0, 2**32), got {parsed.seed}")
     if parsed.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {parsed.timeout}")
+    if parsed.jobs is not None and parsed.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {parsed.jobs}")
     virtual = None
     if parsed.mode == "exact":
         virtual = parsed.virtual_batches or 1 << (max(devices) - 1).bit_length()
@@ -128,7 +137,7 @@ def _check_options(parsed, script_args):
     out = parsed.out or os.path.join(DEFAULT_OUT_ROOT, f"{name}-{parsed.mode}-{stamp}")
     return CheckOptions(os.path.abspath(script), tuple(script_args), devices, parsed.seed, parsed.steps,
                         parsed.epochs, parsed.mode, virtual, os.path.abspath(out), parsed.timeout, parsed.as_written,
-                        parsed.wrap)
+                        parsed.wrap, parsed.jobs or schedule.usable_cores())
 
 
 def _run_check(options) -> int:
@@ -152,8 +161,9 @@ def _run_check(options) -> int:
         print(f"tolerance{scope}: {outcome.tolerance.how}")
     for line in report.verdict_lines(outcome):
         print(line)
-    print(f"{'PASSED' if outcome.passed else 'FAILED'}; report {path}" + (f", plot {plot}" if plot else ""))
-    return 0 if outcome.passed else CHECK_FAILED
+    status = "PASSED" if outcome.passed else "UNDECIDED" if outcome.undecided else "FAILED"
+    print(f"{status}; report {path}" + (f", plot {plot}" if plot else ""))
+    return 0 if outcome.passed else CHECK_UNDECIDED if outcome.undecided else CHECK_FAILED
 
 
 def _run_lint(paths) -> int:

@@ -1,8 +1,9 @@
 """The progress display of `tnt-repro check`, on stderr.
 
-On a terminal, one line per run is rewritten in place (run i of n, its name,
-the step it reached, seconds so far); otherwise (logs, CI) a line when a run
-starts and one when it ends.
+On a terminal, with one run at a time, one line per run is rewritten in place (run
+i of n, its name, the step it reached, seconds so far); otherwise (logs, CI, runs side
+by side: Note [Runs side by side] in repro/schedule.py) a line when a run starts and
+one when it ends.
 """
 from __future__ import annotations
 
@@ -13,35 +14,34 @@ __all__ = ["Progress"]
 
 
 class Progress:
-    def __init__(self, total_runs: int, total_steps: int | None, stream: TextIO = sys.stderr):
+    def __init__(self, total_runs: int, total_steps: int | None, stream: TextIO = sys.stderr,
+                 live_updates: bool = True):
         self.total_runs = total_runs
         self.total_steps = total_steps
         self.stream = stream
-        self.live = stream.isatty()
-        self.index = 0
-        self.name = ""
+        self.live = live_updates and stream.isatty()
+        self.indices: dict[str, int] = {}
 
-    def _prefix(self) -> str:
-        return f"tnt-repro [{self.index}/{self.total_runs}] {self.name:<24}"
+    def _prefix(self, name: str) -> str:
+        return f"tnt-repro [{self.indices[name]}/{self.total_runs}] {name:<24}"
 
     def start(self, name: str) -> None:
-        self.index += 1
-        self.name = name
+        self.indices[name] = len(self.indices) + 1
         if self.live:
-            self.stream.write(f"\r{self._prefix()} starting")
+            self.stream.write(f"\r{self._prefix(name)} starting")
         else:
-            self.stream.write(f"{self._prefix()} started\n")
+            self.stream.write(f"{self._prefix(name)} started\n")
         self.stream.flush()
 
-    def update(self, step: int | None, seconds: float) -> None:
+    def update(self, name: str, step: int | None, seconds: float) -> None:
         if not self.live:
             return
         of = f"/{self.total_steps}" if self.total_steps else ""
         where = "starting" if step is None else f"step {step}{of}"
-        self.stream.write(f"\r{self._prefix()} {where:<14} {seconds:6.1f} s")
+        self.stream.write(f"\r{self._prefix(name)} {where:<14} {seconds:6.1f} s")
         self.stream.flush()
 
-    def finish(self, status: str, seconds: float) -> None:
-        line = f"{self._prefix()} {status:<14} {seconds:6.1f} s"
+    def finish(self, name: str, status: str, seconds: float) -> None:
+        line = f"{self._prefix(name)} {status:<14} {seconds:6.1f} s"
         self.stream.write(("\r" + line if self.live else line) + "\n")
         self.stream.flush()

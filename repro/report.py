@@ -67,6 +67,7 @@ def write_report(options: CheckOptions, outcome: CheckOutcome, plot_path: str | 
         "tolerance": outcome.tolerance.as_dict() if outcome.tolerance is not None else None,
         "verdicts": outcome.verdicts,
         "passed": outcome.passed,
+        "undecided": outcome.undecided,
         "plot": plot_path,
     }
     path = os.path.join(options.out, REPORT_NAME)
@@ -134,7 +135,8 @@ def verdict_lines(outcome: CheckOutcome) -> list[str]:
         if verdict.get("compared"):
             lines.append(_scope_line(verdict["compared"]))
         if verdict.get("cause"):
-            lines.append(f"    {'likely cause' if verdict['verdict'] not in verdicts.PASSING else 'why'}: "
+            settled = verdict["verdict"] in verdicts.PASSING + (verdicts.UNDECIDED,)
+            lines.append(f"    {'why' if settled else 'likely cause'}: "
                          f"{verdict['cause']}")
         if verdict.get("fix"):
             lines.append(f"    fix: {verdict['fix']}")

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from typing import Callable, Mapping
 
@@ -104,20 +105,22 @@ def _progress_step(directory: str) -> int | None:
 
 
 def execute(spec: RunSpec, script: str, script_args: list[str], directory: str, timeout: float,
-            on_progress: Callable[[int | None, float], None] = lambda step, seconds: None) -> RunResult:
+            on_progress: Callable[[int | None, float], None] = lambda step, seconds: None,
+            stop: threading.Event | None = None) -> RunResult:
     """Run one launch; one that started no rank is launched once more (Note [A launch that started no
-    rank is retried once] in tarantella/launcher/launch_check.py)."""
-    result = _execute_once(spec, script, script_args, directory, timeout, on_progress)
+    rank is retried once] in tarantella/launcher/launch_check.py). Setting `stop` stops it (returncode None)."""
+    stop = stop or threading.Event()
+    result = _execute_once(spec, script, script_args, directory, timeout, on_progress, stop)
     with open(os.path.join(directory, "stderr.log")) as handle:
         first_error = launch_check.no_rank_started(result.returncode, handle.read())
     if first_error is None:
         return result
     os.replace(os.path.join(directory, "stderr.log"), os.path.join(directory, "stderr.first-launch.log"))
-    return _execute_once(spec, script, script_args, directory, timeout, on_progress)
+    return _execute_once(spec, script, script_args, directory, timeout, on_progress, stop)
 
 
 def _execute_once(spec: RunSpec, script: str, script_args: list[str], directory: str, timeout: float,
-                  on_progress: Callable[[int | None, float], None]) -> RunResult:
+                  on_progress: Callable[[int | None, float], None], stop: threading.Event) -> RunResult:
     os.makedirs(directory, exist_ok=True)
     env = dict(os.environ)
     env.update(spec.env)
@@ -139,7 +142,7 @@ def _execute_once(spec: RunSpec, script: str, script_args: list[str], directory:
             except subprocess.TimeoutExpired:
                 elapsed = time.monotonic() - start
                 on_progress(_progress_step(directory), elapsed)
-                if elapsed > timeout:
+                if elapsed > timeout or stop.is_set():
                     stop_process_group(process, grace_seconds=5.0)
                     break
     return RunResult(spec, directory, returncode, time.monotonic() - start, _tail(stderr_path))

@@ -56,6 +56,7 @@ def verdicts_of(report):
     (["check", EXAMPLE_MLP, "--devices", "0"], "at least 1"),
     (["check", EXAMPLE_MLP, "--devices", "1,x"], "comma-separated"),
     (["check", EXAMPLE_MLP, "--steps", "0"], "--steps must be at least 1"),
+    (["check", EXAMPLE_MLP, "--jobs", "0"], "--jobs must be at least 1"),
     (["check", EXAMPLE_MLP, "--mode", "exact", "--devices", "1,3"], "power of two"),
     (["check", EXAMPLE_MLP, "--virtual-batches", "4"], "--mode exact only"),
     (["check", EXAMPLE_MLP, "--mode", "fast"], "invalid choice"),
@@ -372,3 +373,38 @@ def test_exact_mode_is_bitwise_under_mixed_float16_with_one_loss_scale(tmp_path)
     for name in ("serial vs 1 device", "serial vs 2 devices", "run-to-run (2 devices twice)"):
         assert found[name]["verdict"] == "IDENTICAL", (found[name], stdout + stderr)
     assert report["tolerance"]["compute_dtype"] == "float16"
+
+
+RESIDUAL_BN_JUMP = os.path.join(HERE, "programs", "residual_bn_jump.py")
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+@pytest.mark.parametrize("mode", ["tolerance", "exact"])
+def test_a_correct_resnet_pattern_run_is_never_failed_by_its_calibration(tmp_path, mode):
+    """Issue 44 §1: the calibration of this script jumps beyond the cap at step 1; the distributed runs are
+    correct, so no verdict may fail: tolerance mode compares within the cap (EQUIVALENT), exact mode's verdicts
+    do not use the calibration at all."""
+    code, stdout, stderr, report = check(tmp_path, RESIDUAL_BN_JUMP, "--wrap", "--devices", "1,2,4", "--steps", "4",
+                                         "--mode", mode, "--no-as-written")
+    assert code == 0, stdout + stderr
+    found = verdicts_of(report)
+    assert all(v["verdict"] in ("IDENTICAL", "EQUIVALENT", "NOT COMPARED") for v in found.values()), found
+    assert {f"serial vs {n} device{'s' if n > 1 else ''}" for n in (1, 2, 4)} <= set(found), found
+    if mode == "tolerance":
+        assert report["tolerance"]["exceeded_cap_at"] == 1, report["tolerance"]   # the jump this test is about
+    else:
+        assert all(found[f"serial vs {n} devices"]["verdict"] == "IDENTICAL" for n in (2, 4)), found
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
+@pytest.mark.parametrize("defect", ["wrong-share", "local-batch-norm"])
+def test_planted_defects_stay_divergent_when_the_calibration_exceeds_the_cap(tmp_path, defect):
+    """Issue 44 §1: beyond the cap a difference is UNDECIDED only up to 16 x the calibration; a real defect on
+    one rank moves the weights far beyond that and stays DIVERGENT, exit code 1."""
+    code, stdout, stderr, report = check(tmp_path, RESIDUAL_BN_JUMP, "--wrap", "--devices", "2", "--steps", "4",
+                                         "--no-as-written", "--", "--defect", defect)
+    assert code == 1, stdout + stderr
+    assert report["tolerance"]["exceeded_cap_at"] is not None, report["tolerance"]
+    assert verdicts_of(report)["serial vs 2 devices"]["verdict"] == "DIVERGENT", verdicts_of(report)
