@@ -13,6 +13,8 @@ Runs, in this order (each with its own record directory under OUT/runs/):
                       reversed batches (Note [Measured tolerance])
   as written 1 and 2  serial twice with deterministic ops and threads but without the
                       harness's seeds: does the script seed itself? (--no-as-written skips)
+Runs whose ranks fit the cores run side by side (--jobs; Note [Runs side by side] in repro/schedule.py);
+their results are read in this order.
 Every run gets tarantella.determinism.environment(seed) (threads, op determinism,
 PYTHONHASHSEED); exact mode adds TNT_EXACT_VIRTUAL_BATCHES and the
 recursive-doubling allreduce to all runs but serial (production) and its calibration.
