@@ -91,7 +91,6 @@ class Tolerance:
     order_sensitive: bool
     how: str                     # one line for the report
     exceeded_cap_at: int | None = None   # first step where the derived tolerance would exceed the cap
-    uncapped_maximum: float = 0.0        # the largest derived tolerance before capping
     uncapped_weights: np.ndarray | None = None   # [step] the derived weight tolerance before capping
     uncapped_losses: np.ndarray | None = None    # [step] the same for the loss
     compute_dtype: str = precision.FLOAT32  # Note [Tolerance from the compute dtype]
@@ -100,6 +99,11 @@ class Tolerance:
     @property
     def cap(self) -> float:
         return precision.cap(self.compute_dtype)
+
+    @property
+    def uncapped_maximum(self) -> float:
+        """The largest derived weight tolerance before capping."""
+        return 0.0 if self.uncapped_weights is None else float(self.uncapped_weights.max(initial=0.0))
 
     @property
     def low_precision(self) -> bool:
@@ -180,4 +184,4 @@ def derive(calibration: Differences, compute_dtype: str = precision.FLOAT32, spl
         how += f"; capped at {cap:.2e} (Note [Tolerance cap])"
     uncapped_losses = spread * np.maximum(loss_envelope, floor)
     return Tolerance(np.minimum(uncapped, cap), np.minimum(uncapped_losses, cap), envelope, order_sensitive, how,
-                     exceeded_at, float(uncapped.max(initial=0.0)), uncapped, uncapped_losses, compute_dtype, spread)
+                     exceeded_at, uncapped, uncapped_losses, compute_dtype, spread)

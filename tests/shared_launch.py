@@ -49,7 +49,7 @@ __all__ = ["Program", "SharedLaunch", "MARKER"]
 
 MARKER = "shared_launch"          # pytest marker: (SharedLaunch, program name); tests/conftest.py reads it
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_runner.py")
-_MARK_LINE = re.compile(r"^-*\[(\d+)\] @@tnt-(begin|end) (\S+)(?: (-?\d+))?$")
+_MARK_LINE = re.compile(r"^-*\[(\d+)\] @@tnt-(begin|end) (\S+)(?: 0)?$")   # a program ends with 0 only
 _TAG = re.compile(r"^-*\[(\d+)\] ")
 _FAILED_FIRST = re.compile(r"^tarantella: error: rank (\d+)\b.* failed first")   # the launcher's root cause
 _POLL_SECONDS = 0.25
@@ -119,7 +119,7 @@ class _Launch:
         self.lines = {"stdout": [], "stderr": []}
         self.begun: dict[str, float] = {}                              # when the first rank began it
         self.in_program: dict[int, str] = {}                           # rank -> the program it began last
-        self.ended: dict[tuple[str, str], dict[int, int]] = {}         # (stream, program) -> {rank: code}
+        self.ended: dict[tuple[str, str], set[int]] = {}               # (stream, program) -> ranks that ended it
         self.ended_at: dict[str, float] = {}
         self.timed_out: str | None = None
         self.stalled = False                                           # no program began in time
@@ -154,12 +154,12 @@ class _Launch:
                 self.lines[stream].append(line)
                 if match:
                     self.last_marker = time.monotonic()
-                    rank, kind, name, code = int(match.group(1)), match.group(2), match.group(3), match.group(4)
+                    rank, kind, name = int(match.group(1)), match.group(2), match.group(3)
                     if kind == "begin":
                         self.begun.setdefault(name, time.monotonic())
                         self.in_program[rank] = name
                     else:
-                        self.ended.setdefault((stream, name), {})[rank] = int(code)
+                        self.ended.setdefault((stream, name), set()).add(rank)
                         self.ended_at[name] = time.monotonic()
                     self._changed.notify_all()
 
@@ -191,7 +191,7 @@ class _Launch:
             _ONE_AT_A_TIME.release()
 
     def _done(self, name: str) -> bool:
-        return all(len(self.ended.get((stream, name), {})) == self.n for stream in self.lines)
+        return all(len(self.ended.get((stream, name), ())) == self.n for stream in self.lines)
 
     def result(self, name: str) -> RanksResult:
         last = name == self.programs[-1].name

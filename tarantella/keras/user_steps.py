@@ -155,11 +155,10 @@ def global_logs(model, logs, share, produced: dict):
         results = metric_reduction.graph_global_results(
             model.wrapped_model.metrics, lambda tensors: model._allreducer_for(tensors, "metrics"))
     means = [value for value in values if id(value) not in produced and _is_float_scalar(value)]
+    summed = {}
     if means:
         weighted = [value * tf.cast(share, value.dtype) for value in means]
         summed = dict(zip(map(id, means), model._allreducer_for(weighted, "logs")(weighted)))
-    else:
-        summed = {}
 
     def global_value(value):
         if id(value) in produced and produced[id(value)] in results:
