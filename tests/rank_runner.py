@@ -53,6 +53,7 @@ class _ProcessState:
             import keras
             self.keras = (keras.config.floatx(), keras.config.image_data_format(), _explicit_dtype_policy())
         self.determinism = _op_determinism()
+        self.graph_options = _graph_options()
 
     def restore(self, directory: str) -> None:
         os.environ.clear()
@@ -72,6 +73,12 @@ class _ProcessState:
         if "tensorflow" in sys.modules and _op_determinism() != self.determinism:
             from tensorflow.python.framework import config
             (config.enable_op_determinism if self.determinism else config.disable_op_determinism)()
+        if "tensorflow" in sys.modules and _graph_options() != self.graph_options:
+            from tensorflow.python.eager import context
+            # tf.config.optimizer.set_experimental_options adds to the options and cannot remove one; this
+            # is what it does, with the options as they were.
+            context.context()._optimizer_experimental_options = dict(self.graph_options or {})
+            context.context()._thread_local_data.function_call_options = None
         gc.collect()
 
 
@@ -80,6 +87,14 @@ def _explicit_dtype_policy():
     fix the current one, so that a later set_floatx no longer changes it)."""
     from keras.src.backend.common import global_state
     return global_state.get_global_attribute("dtype_policy", None)
+
+
+def _graph_options() -> dict | None:
+    """Grappler's options a program set (tf.config.optimizer.set_experimental_options)."""
+    if "tensorflow" not in sys.modules:
+        return None
+    from tensorflow.python.eager import context
+    return dict(context.context()._optimizer_experimental_options)
 
 
 def _op_determinism() -> bool:

@@ -28,7 +28,13 @@ them, so a weight read by the forward pass would otherwise stay alive until
 its backward pass, and the whole model would be held at the end of the
 forward pass. The recomputed pass gives the bits of the first (the same
 operations on the same inputs), so the gradients are those of unsharded
-training.
+training, as long as TensorFlow runs the operations as written: Grappler's
+arithmetic optimizer (on by default) rewrites element-wise arithmetic by the
+shape of the graph around it, and a recomputed forward feeding only its
+gradient is another shape than a forward whose results also flow on. A relu
+layer keeps its bits; gelu's rounds differently (measured in
+tests/keras/programs/stage3_arithmetic.py); with the optimizer off (exact
+mode turns it off) every layer is unsharded training's bit for bit.
 The unit's other state (BatchNormalization's moving statistics, the seed
 states of random layers) is not sharded: it is read once before the forward
 pass, both passes read that value (so a random layer draws the same mask

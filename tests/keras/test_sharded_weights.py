@@ -2,7 +2,9 @@
 a Transformer block, an Embedding, an activity regularizer, mixed precision; each rank holds its own weights
 only (also when built in tnt.deferred_weights()); save, load and resume; refusals
 (tests/keras/programs/sharded_weights.py)."""
+import json
 import os
+import re
 
 import pytest
 
@@ -36,3 +38,15 @@ def assert_trained_as_unsharded(result, ranks: int) -> None:
 @pytest.mark.parametrize("ranks", [1, 2, 4])   # 3 ranks: across hosts, tests/cluster/test_sharding_across_hosts.py
 def test_sharded_weights_train_as_unsharded(ranks):
     assert_trained_as_unsharded(TRAINING.run("sharded_weights", ranks).check(), ranks)
+
+
+@TRAINING.test("stage3_arithmetic")
+def test_stage3_is_stage1_bitwise_where_grappler_keeps_the_arithmetic_as_written():
+    """The README's statement (issue 44 §4): with Grappler's arithmetic optimizer off, bitwise; with TensorFlow's
+    default, a relu MLP still bitwise, a gelu MLP within 1e-4 relative (tests/keras/programs/stage3_arithmetic.py)."""
+    run = TRAINING.run("stage3_arithmetic", 2).check()
+    results = [json.loads(line) for line in re.findall(r"RESULT (\{.*\})", run.stdout)]
+    assert len(results) == 2 * 2 * 2, run.describe()
+    for result in results:
+        bitwise = not result["arithmetic_optimization"] or result["activation"] == "relu"
+        assert result["relative"] == 0.0 if bitwise else result["relative"] < 1e-4, result
