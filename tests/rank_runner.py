@@ -17,8 +17,8 @@ that did not run fail, naming it.
 
 Between programs the runner puts back what a program may change for the whole process and that a later
 program would otherwise inherit: Keras's float type, dtype policy and image data format, TensorFlow's op
-determinism and Grappler's options, the environment, the modules imported from the program's own directory (two directories may
-hold helpers of the same name), and Keras's global state (clear_session).
+determinism and Grappler's options, the environment, the modules imported from the program's own
+directory (two directories may hold helpers of the same name), and Keras's global state (clear_session).
 """
 import gc
 import json
