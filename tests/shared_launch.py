@@ -22,10 +22,9 @@ A test reads only its own program's output and exit code: the ranks' lines betwe
 Its timeout is the program's own, from the moment a rank starts it: a program that outlives it has the
 launch killed, and its test fails with RanksTimedOut, as with run_ranks; a launch in which no program runs
 for _BETWEEN_PROGRAMS_SECONDS (it hangs before its first program or between two) is killed too. A program
-that fails or hangs ends
-the launch, so the programs after it do not run: their tests fail, naming it (a failure stays within its
-launch). The launch's exit code counts for its last program (a crash at the end of the job). Programs that
-are meant to fail, kill ranks or need launcher flags of their own keep run_ranks.
+that fails or hangs ends the launch, so the programs after it do not run: their tests fail, naming it (a
+failure stays within its launch). The launch's exit code counts for its last program (a crash at the end of
+the job). Programs that are meant to fail, kill ranks or need launcher flags of their own keep run_ranks.
 """
 from __future__ import annotations
 

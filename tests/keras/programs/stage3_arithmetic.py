@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 import tarantella as tnt
+from serial_comparison import relative_difference
 
 tf.config.experimental.enable_op_determinism()
 rank = tnt.get_rank()
@@ -38,13 +39,9 @@ def train(activation, shard):
     return model.get_weights()
 
 
-def relative(a, b):
-    return max(float(np.max(np.abs(p - q)) / max(float(np.max(np.abs(p))), 1e-30)) for p, q in zip(a, b))
-
-
 for arithmetic in (True, False):
     tf.config.optimizer.set_experimental_options({"arithmetic_optimization": arithmetic})
     for activation in ("gelu", "relu"):
         stage1, stage3 = train(activation, "optimizer"), train(activation, "weights")
         print("RESULT " + json.dumps({"rank": rank, "arithmetic_optimization": arithmetic, "activation": activation,
-                                      "relative": relative(stage1, stage3)}), flush=True)
+                                      "relative": relative_difference(stage1, stage3)}), flush=True)
