@@ -14,7 +14,7 @@ import threading
 import traceback
 
 from tarantella import config as _config
-from tarantella import memory_budget
+from tarantella import memory_budget, mpi_defaults
 from tarantella.world_check import WorldSizeError, check_world_size
 
 __all__ = ["init", "is_initialized", "get_rank", "get_size", "get_master_rank", "is_master_rank",
@@ -38,10 +38,8 @@ def init() -> None:
         if _state:
             return
         settings_ = _config.load_config()
-        # Open MPI 5 from PyPI probes its UCX one-sided component for our shared
-        # windows and prints an error where UCX has no network; the engine only
-        # needs the shared-memory component for them. A user's choice stands.
-        os.environ.setdefault("OMPI_MCA_osc", "^ucx")
+        # Note [Open MPI's components that tarantella leaves out] in mpi_defaults.py
+        os.environ.update(mpi_defaults.for_this_process(os.environ))
         engine = _engine()
         engine.start(fusion_threshold_bytes=settings_.fusion_threshold_bytes,
                      timeout_seconds=settings_.timeout_seconds,

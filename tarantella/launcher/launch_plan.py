@@ -21,6 +21,7 @@ import shutil
 import sys
 from typing import Callable, Mapping
 
+from tarantella import mpi_defaults
 from tarantella.config import load_config
 
 from . import pinning
@@ -161,11 +162,9 @@ def make_plan(args, environ: Mapping[str, str], launcher_kind: str,
     rank_env.update((name, value) for name, value in exported.items() if name not in settings)
     rank_env["TNT_LAUNCHED"] = "1"
     rank_env["TNT_WORLD_SIZE"] = str(nranks)  # a rank alone in a world stops (world_check.py)
-    # Open MPI 5 probes its UCX one-sided component for the engine's shared
-    # windows and prints an error where UCX has no network; set here too (the
-    # library sets it as well) for programs that start MPI through mpi4py first.
-    if launcher_kind != SLURM and "OMPI_MCA_osc" not in environ and "OMPI_MCA_osc" not in exported:
-        rank_env["OMPI_MCA_osc"] = "^ucx"
+    # Set here too (the library sets them as well) for programs that start MPI through mpi4py first.
+    rank_env.update(mpi_defaults.for_ranks({**environ, **exported}, one_host=not hosts and not in_slurm,
+                                           under_slurm=launcher_kind == SLURM))
 
     agent = check_launch_agent(args.launch_agent) if args.launch_agent is not None else None
     interface = None if args.network_interface is None \

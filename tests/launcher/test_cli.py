@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tarantella import mpi_defaults
 from tarantella.config import SETTINGS
 from tarantella.launcher import main
 from tarantella.launcher.cli import MANUAL
@@ -186,6 +187,23 @@ def test_x_variables_and_user_thread_counts_reach_every_rank(capsys, script):
 
 
 # ---- Open MPI ------------------------------------------------------------------------------
+
+def test_ranks_of_one_host_leave_out_open_mpis_libfabric_transport(capsys, script, hostfile):
+    """Note [Open MPI's components that tarantella leaves out]: it sleeps a second in MPI_Init where no fabric
+    is found; one host needs none, other hosts may, and a user's choice stands."""
+    environ = {name: value for name, value in os.environ.items() if not name.startswith("OMPI_MCA_")}
+    assert exported(dry_run(capsys, ["-n", "2", script], environ=environ))["OMPI_MCA_btl"] == "^ofi"
+    assert exported(dry_run(capsys, [script], environ=environ))["OMPI_MCA_osc"] == "^ucx"
+    assert "OMPI_MCA_btl" not in exported(dry_run(capsys, ["--hostfile", hostfile("a\nb\n"), script],
+                                                  environ=environ))
+    assert "OMPI_MCA_btl" not in exported(dry_run(capsys, ["-n", "2", script],
+                                                  environ={**environ, "OMPI_MCA_btl": "self,tcp"}))
+    assert exported(dry_run(capsys, ["-n", "2", "-x", "OMPI_MCA_btl=self,tcp", script],
+                            environ=environ))["OMPI_MCA_btl"] == "self,tcp"
+    assert mpi_defaults.for_this_process({}) == {"OMPI_MCA_osc": "^ucx", "OMPI_MCA_btl": "^ofi"}  # no launcher
+    assert mpi_defaults.for_this_process({"PMIX_RANK": "0", "OMPI_MCA_osc": "rdma"}) == {}  # launched; the user's
+
+
 
 def test_openmpi_command(capsys, script):
     command = launcher_part(dry_run(capsys, ["-n", "2", script], local_host=USER_HOST))
