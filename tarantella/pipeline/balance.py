@@ -42,10 +42,18 @@ def _synthetic_batch(model: keras.Model, batch_size: int):
 
 def measure_costs(model: keras.Model, graph: Graph, batch_size: int = 16, repeats: int = 3) -> list[float] | None:
     """Seconds per operation (forward + backward, median of `repeats`), or None if the inputs have unknown shape."""
-    import tensorflow as tf
     batch = _synthetic_batch(model, batch_size)
     if batch is None:
         return None
+    # Measuring runs the layers (with training=True), which must not move the model's state: BatchNormalization's
+    # moving statistics and the random layers' seed states would then start training elsewhere than serial
+    # Keras's. In Keras's StatelessScope no Keras variable is assigned.
+    with keras.StatelessScope():
+        return _measure(model, graph, batch, repeats)
+
+
+def _measure(model: keras.Model, graph: Graph, batch: list, repeats: int) -> list[float]:
+    import tensorflow as tf
     tap_ids = [t for produced in graph.outputs_of for t in produced]
     tap = keras.Model(keras.tree.flatten(model.input), [graph.tensors[t] for t in tap_ids])
     values = dict(zip(tap_ids, tap(batch, training=False)))

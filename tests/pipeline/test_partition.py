@@ -231,3 +231,17 @@ def test_automatic_cut_of_a_plain_model_runs_like_the_model():
     data = np.random.default_rng(0).standard_normal((5, 8)).astype("float32")
     middle = plan.stages[0].model(data)
     np.testing.assert_allclose(np.asarray(plan.stages[1].model(middle)), np.asarray(model(data)), rtol=1e-6)
+
+
+def test_measuring_an_automatic_cut_moves_no_state():
+    """The automatic cut runs the layers to time them; BatchNormalization's moving statistics and a random
+    layer's seed state must stay as built, or the pipeline would start training from other values than serial
+    Keras's (they moved before)."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((8,))
+    h = keras.layers.Dropout(0.3, seed=2)(keras.layers.BatchNormalization()(keras.layers.Dense(16)(x)))
+    model = keras.Model(x, keras.layers.GaussianNoise(0.1, seed=3)(keras.layers.Dense(2)(h)))
+    before = [np.array(v.numpy()) for v in model.variables]
+    assert len(balance.measure_costs(model, graph_of(model), batch_size=4, repeats=1)) == len(model.layers)
+    for variable, value in zip(model.variables, before):
+        np.testing.assert_array_equal(variable.numpy(), value, err_msg=variable.path)
