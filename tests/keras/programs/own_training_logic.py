@@ -12,7 +12,8 @@ import tensorflow as tf  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
-from serial_comparison import RANK, SIZE, logs_difference, relative_difference, report  # noqa: E402
+from serial_comparison import RANK, SIZE, elementwise_difference, logs_difference, relative_difference, report  # noqa: E402,E501
+from zoo.generative import VAE, CallableVAE, SamplingByDimensions, vae  # noqa: E402
 
 EPOCHS = 2
 
@@ -208,3 +209,22 @@ try:
     report("manual_update", raised=False, message="")
 except ValueError as error:
     report("manual_update", raised=True, message=str(error).splitlines()[0])
+
+
+# keras.io's VAE as written (Sampling draws a (batch, dim) shape from ops.shape), and with a call(): tnt.Model
+# builds a callable model before training by calling it, and Sampling draws even at inference, so that call must
+# not move its seed state (it did: every later draw differed, 1e-2 in the weights at one rank, issue 44 §3).
+# Every variable is compared, seed states included; in float64, where Adam's amplified rounding stays ~1e-12.
+keras.config.set_floatx("float64")
+keras.config.set_dtype_policy("float64")  # the policy in use was made from float32 above
+for model_class in (VAE, CallableVAE):
+    runs = []
+    for wrap in (lambda model: model, tnt.Model):
+        keras.utils.set_random_seed(11)
+        model, history = vae(wrap, model_class, SamplingByDimensions)
+        runs.append(([np.asarray(v.numpy()) for v in getattr(model, "wrapped_model", model).variables], history))
+    (serial_variables, hs), (variables, hd) = runs
+    report(f"vae_{model_class.__name__}", variables=elementwise_difference(variables, serial_variables),
+           logs=logs_difference(hs, hd), count=len(variables))
+keras.config.set_floatx("float32")
+keras.config.set_dtype_policy("float32")

@@ -84,6 +84,16 @@ class Sampling(layers.Layer):
         return z_mean + ops.exp(0.5 * z_log_var) * epsilon
 
 
+class SamplingByDimensions(Sampling):
+    """keras.io's Sampling as written today: the draw's shape is (batch, dim), each from ops.shape."""
+
+    def call(self, inputs):
+        z_mean, z_log_var = inputs
+        batch, dim = ops.shape(z_mean)[0], ops.shape(z_mean)[1]
+        epsilon = keras.random.normal(shape=(batch, dim), seed=self.seed_generator)
+        return z_mean + ops.exp(0.5 * z_log_var) * epsilon
+
+
 class VAE(keras.Model):
     def __init__(self, encoder, decoder, **kwargs):
         super().__init__(**kwargs)
@@ -116,19 +126,27 @@ class VAE(keras.Model):
                 "kl_loss": self.kl_loss_tracker.result()}
 
 
-def vae(wrap):
+class CallableVAE(VAE):
+    """The VAE with a call() (to predict, or to save it built): a model tnt.Model builds before training by calling
+    it, where Sampling draws even at inference."""
+
+    def call(self, inputs):
+        return self.decoder(self.encoder(inputs)[2])
+
+
+def vae(wrap, model_class=VAE, sampling=Sampling):
     encoder_inputs = keras.Input((8, 8, 1))
     x = layers.Conv2D(8, 3, activation="relu", strides=2, padding="same")(encoder_inputs)
     x = layers.Dense(8, activation="relu")(layers.Flatten()(x))
     z_mean = layers.Dense(2, name="z_mean")(x)
     z_log_var = layers.Dense(2, name="z_log_var")(x)
-    encoder = keras.Model(encoder_inputs, [z_mean, z_log_var, Sampling()([z_mean, z_log_var])], name="encoder")
+    encoder = keras.Model(encoder_inputs, [z_mean, z_log_var, sampling()([z_mean, z_log_var])], name="encoder")
     latent_inputs = keras.Input((2,))
     x = layers.Reshape((4, 4, 4))(layers.Dense(4 * 4 * 4, activation="relu")(latent_inputs))
     x = layers.Conv2DTranspose(8, 3, activation="relu", strides=2, padding="same")(x)
     decoder = keras.Model(latent_inputs, layers.Conv2DTranspose(1, 3, activation="sigmoid", padding="same")(x),
                           name="decoder")
-    model = wrap(VAE(encoder, decoder))
+    model = wrap(model_class(encoder, decoder))
     model.compile(optimizer=keras.optimizers.Adam())
     return model, model.fit(images((8, 8, 1)), epochs=2, batch_size=BATCH, verbose=0)
 
