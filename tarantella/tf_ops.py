@@ -11,6 +11,7 @@ one compiles, the others wait and load its result.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
 import functools
 import glob
@@ -22,7 +23,7 @@ import tempfile
 __all__ = ["load_ops", "OpLibraryError", "library_path"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_COMPILER_FLAGS = ["-O2", "-std=c++17", "-fPIC", "-shared", "-Wno-deprecated-declarations"]
+_COMPILER_FLAGS = ["-O2", "-std=c++17", "-fPIC", "-Wno-deprecated-declarations"]
 
 
 class OpLibraryError(RuntimeError):
@@ -54,12 +55,26 @@ def _compiler() -> str:
     return os.environ.get("CXX", "g++")
 
 
-def _build_command(tf, output: str) -> list[str]:
-    sources, header_dir = _source_dirs()
+def _sources() -> list[str]:
+    return sorted(glob.glob(os.path.join(_source_dirs()[0], "*.cc")))
+
+
+def _compile_command(tf, source: str, output: str) -> list[str]:
+    return [_compiler(), "-c", source, "-o", output, f"-I{_source_dirs()[1]}", *_COMPILER_FLAGS,
+            *tf.sysconfig.get_compile_flags()]
+
+
+def _link_command(tf, objects: list[str], output: str) -> list[str]:
     engine_dir = _engine_dir()
-    return ([_compiler(), *sorted(glob.glob(os.path.join(sources, "*.cc"))), "-o", output, f"-I{header_dir}",
-             *_COMPILER_FLAGS, *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags(),
-             f"-L{engine_dir}", "-ltnt_engine", f"-Wl,-rpath,{engine_dir}"])
+    return [_compiler(), "-shared", *objects, "-o", output, *tf.sysconfig.get_link_flags(), f"-L{engine_dir}",
+            "-ltnt_engine", f"-Wl,-rpath,{engine_dir}"]
+
+
+def _build_commands(tf, directory: str, output: str) -> list[list[str]]:
+    """One compile per source (run side by side), then the link."""
+    objects = [os.path.join(directory, os.path.basename(source) + ".o") for source in _sources()]
+    return [_compile_command(tf, source, obj) for source, obj in zip(_sources(), objects)] + \
+        [_link_command(tf, objects, output)]
 
 
 def _fingerprint(tf) -> str:
@@ -70,7 +85,7 @@ def _fingerprint(tf) -> str:
     for path in inputs + headers + [os.path.join(_engine_dir(), "libtnt_engine.so")]:
         with open(path, "rb") as handle:
             digest.update(os.path.basename(path).encode() + handle.read())
-    digest.update(" ".join(_build_command(tf, "OUT")).encode())
+    digest.update(" ".join(" ".join(command) for command in _build_commands(tf, "DIR", "OUT")).encode())
     try:
         version = subprocess.run([_compiler(), "--version"], capture_output=True, text=True).stdout
     except OSError:
@@ -86,24 +101,29 @@ def library_path() -> str:
     return os.path.join(cache, f"tf-ops-{tf.__version__}-{_fingerprint(tf)}", "libtnt_tf_ops.so")
 
 
-def _compile(tf, target: str) -> None:
-    directory = os.path.dirname(target)
-    handle, scratch = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=directory)
-    os.close(handle)
-    command = _build_command(tf, scratch)
+def _run(tf, command: list[str]) -> None:
     try:
         result = subprocess.run(command, capture_output=True, text=True)
     except OSError as error:
-        os.unlink(scratch)
         raise OpLibraryError(f"tarantella: cannot run the C++ compiler {_compiler()!r} to build the TensorFlow "
                              f"ops for TensorFlow {tf.__version__}: {error}; install g++ or set CXX") from None
     if result.returncode != 0:
-        os.unlink(scratch)
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
         raise OpLibraryError(f"tarantella: building the TensorFlow ops for the installed TensorFlow "
                              f"{tf.__version__} failed (exit {result.returncode}); compiler output ends:\n{tail}\n"
                              f"command: {' '.join(command)}")
-    os.replace(scratch, target)  # atomic: a reader sees no library or a complete one
+
+
+def _compile(tf, target: str) -> None:
+    """The sources compile side by side on the cores this process may use (a fresh install's first import
+    waits for the slowest one, not for their sum), then link into `target` atomically."""
+    with tempfile.TemporaryDirectory(prefix=".building-", dir=os.path.dirname(target)) as scratch:
+        *compiles, link = _build_commands(tf, scratch, os.path.join(scratch, "libtnt_tf_ops.so"))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
+            for finished in [pool.submit(_run, tf, command) for command in compiles]:
+                finished.result()  # the first failure, in source order
+        _run(tf, link)
+        os.replace(link[link.index("-o") + 1], target)  # atomic: a reader sees no library or a complete one
 
 
 @functools.lru_cache(maxsize=None)
