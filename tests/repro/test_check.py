@@ -399,7 +399,7 @@ def test_a_correct_resnet_pattern_run_is_never_failed_by_its_calibration(tmp_pat
 
 @pytest.mark.multirank
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT + 20)
-@pytest.mark.parametrize("defect", ["wrong-share", "local-batch-norm"])
+@pytest.mark.parametrize("defect", ["wrong-share", "dropped-gradient", "local-batch-norm", "other-start-weights"])
 def test_planted_defects_stay_divergent_when_the_calibration_exceeds_the_cap(tmp_path, defect):
     """Issue 44 §1: beyond the cap a difference is UNDECIDED only up to 16 x the calibration; a real defect on
     one rank moves the weights far beyond that and stays DIVERGENT, exit code 1."""

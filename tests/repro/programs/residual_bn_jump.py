@@ -6,11 +6,12 @@ momentum=0.9); 256 samples whose batch halves differ in scale. Reversing a batch
 calibration exceeds float32's cap while the distributed runs stay far within it: a correct run that the
 checker must pass (`tnt-repro check --wrap`). --defect plants a bug on rank 1 that the checker must call
 DIVERGENT although the calibration exceeds the cap (Note [Undecided] in repro/tolerance.py): its share of the
-gradient 1.5 times too large, or its own BatchNormalization statistics. (A rank that stops its gradient
-before the BatchNormalization layers would skip their backward allreduces and hang its peers until the
-engine's timeout: tests/repro's mixed_precision.py plants the dropped gradient in a model without them.)
+gradient 1.5 times too large, its gradient dropped (its loss times 0: a rank that stopped its gradient before
+the BatchNormalization layers would skip their backward allreduces and hang its peers until the engine's
+timeout instead), its own BatchNormalization statistics, or other start weights (its first kernel 1 % off
+after tarantella gave every rank the master's).
 
-    residual_bn_jump.py [--defect wrong-share|local-batch-norm]
+    residual_bn_jump.py [--defect wrong-share|dropped-gradient|local-batch-norm|other-start-weights]
 """
 import argparse
 import os
@@ -19,7 +20,7 @@ import keras
 import numpy as np
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--defect", choices=["wrong-share", "local-batch-norm"])
+parser.add_argument("--defect", choices=["wrong-share", "dropped-gradient", "local-batch-norm", "other-start-weights"])
 args = parser.parse_args()
 rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
 planted = args.defect if rank == 1 else None
@@ -29,7 +30,15 @@ L = keras.layers
 
 
 def loss(y_true, y_pred):
-    return keras.losses.sparse_categorical_crossentropy(y_true, y_pred) * (1.5 if planted == "wrong-share" else 1.0)
+    share = {"wrong-share": 1.5, "dropped-gradient": 0.0}.get(planted, 1.0)
+    return keras.losses.sparse_categorical_crossentropy(y_true, y_pred) * share
+
+
+class OtherStartWeights(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        if planted == "other-start-weights":
+            kernel = self.model.trainable_variables[0]
+            kernel.assign(kernel * 1.01)
 
 
 def conv_bn(x, relu=True):
@@ -51,4 +60,4 @@ rng = np.random.default_rng(0)
 x = rng.standard_normal((256, 16, 16, 3)).astype(np.float32)
 x[np.arange(256) % 32 >= 16] *= 2   # the halves of every batch differ in scale
 y = rng.integers(0, 4, 256).astype(np.int32)
-model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0, callbacks=[OtherStartWeights()])
