@@ -68,15 +68,16 @@ def _install_calibration(calibration: str) -> None:
 def _calibration_step(original_step):
     from repro import calibration_step
     from tarantella._repro import hook as repro_hook
+    from tarantella.data import distributed_dataset
     from tarantella.keras import serial_random
 
     def step(self, data):
         with serial_random.rows_reversed(calibration_step.rows_of(data)):
             data = calibration_step.reverse_batch(data)
             if type(self).train_step is step and not getattr(self, "_own_logic", None) \
-                    and calibration_step.computes_in_low_precision(self):
+                    and not distributed_dataset.is_distributed_element(data):
                 repro_hook.note(calibration_step.SPLIT_NOTE, True)
-                return calibration_step.split_train_step(self, data)  # Note [Calibrating low precision]
+                return calibration_step.split_train_step(self, data)  # Note [Calibrating as the ranks round]
             return original_step(self, data)
 
     return step
