@@ -44,8 +44,9 @@ spread of 4 over the envelope instead of 16: the split is the ranks' own
 rounding, not a proxy for it (Note [Derived tolerance]); on the ResNet pattern
 the envelope is 4.1e-5 after 4 steps, 2 and 4 devices differ by 2.9e-5 and
 3.1e-5 (22 % and 19 % of the tolerance). A model with its own train_step is
-reversed only (its step is its own), with the spread of 16, and so is a tnt.Model's step (a script that
-wraps its model itself: its serial run feeds tarantella's own input, whose step this split does not follow).
+reversed only (its step is its own), with the spread of 16, and so is a
+tnt.Model's step (a script that wraps its model itself: its serial run feeds
+tarantella's own input, whose step this split does not follow).
 """
 from __future__ import annotations
 
