@@ -12,7 +12,7 @@ import tensorflow as tf  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 import tarantella as tnt  # noqa: E402
-from serial_comparison import RANK, SIZE, elementwise_difference, logs_difference, relative_difference, report  # noqa: E402,E501
+from serial_comparison import elementwise_difference, logs_difference, relative_difference, report  # noqa: E402
 from zoo.generative import VAE, CallableVAE, SamplingByDimensions, vae  # noqa: E402
 
 EPOCHS = 2
