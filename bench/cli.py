@@ -188,14 +188,44 @@ def _scaling(args, argv) -> int:
 
 def _print_points(summary):
     unit = summary["model"]["unit"]
+    points = summary["points"]
     print(f"{'devices':>7} {'kind':>22} {'step s':>9} {unit + '/s':>12} {'epoch min':>10} "
-          f"{'speedup':>8} {'effic.':>7}")
-    for point in summary["points"]:
+          f"{'speedup':>8} {'effic.':>7}  machine")
+    for point in points:
         kind = f"simulated {point['cluster']}" if point["simulated"] else (
             "measured, oversub." if point["oversubscribed"] else "measured")
         print(f"{point['devices']:>7} {kind:>22} {point['step_time_median_s']:>9.4f} "
               f"{point['throughput']:>12.1f} {point['epoch_time_min']:>10.2f} "
-              f"{point['speedup']:>8.2f} {point['efficiency']:>7.2f}")
+              f"{point['speedup']:>8.2f} {point['efficiency']:>7.2f}  {_machine_note(point)}")
+    if any("not quiet" in _machine_note(point) for point in points):
+        print("tnt-bench: a run marked 'not quiet' shared its machine with other work (the load average beyond its "
+              "own threads, or step times that spread over 10 %): its times and the speedups against it are not "
+              "the system's. Measure again on a quiet machine (README, 'A quiet machine').")
+    _print_published(summary)
+
+
+def _machine_note(point) -> str:
+    """The quiet column of a measured point (Note [A quiet machine] in bench/quiet.py)."""
+    if point["simulated"] or point.get("quiet") is None:
+        return ""
+    note = "quiet" if point["quiet"] else f"NOT QUIET: {point['not_quiet_because']}"
+    baseline = point.get("speedup_baseline") or ""
+    if "not quiet" in baseline:
+        note += "; speedup against a 1-device run that was not quiet"
+    return note
+
+
+def _print_published(summary):
+    """Published measurements of the simulated cluster beside the simulated speedups (issue 41 §3)."""
+    simulated = {point["devices"]: point["speedup"] for point in summary["points"] if point["simulated"]}
+    for curve in summary.get("published", []):
+        shared = [d for d in curve["devices"] if d in simulated and d > 1]
+        print(f"{curve['label']} on {curve['cluster']}:")
+        print(f"{'devices':>7} {'published speedup':>18} {'simulated (' + summary['model']['name'] + ')':>28}")
+        for devices, speedup in zip(curve["devices"], curve["speedup"]):
+            if devices > 1:
+                here = f"{simulated[devices]:.2f}x" if devices in shared else "-"
+                print(f"{devices:>7} {speedup:>17.2f}x {here:>28}")
 
 
 def _plot(args) -> int:

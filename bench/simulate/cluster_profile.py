@@ -59,7 +59,7 @@ import tomllib
 from bench.errors import BenchUsageError
 
 __all__ = ["Link", "PublishedThroughput", "ClusterProfile", "load_cluster_profile", "PROFILES_DIR",
-           "find_cluster_profile", "shipped_profile_names"]
+           "find_cluster_profile", "shipped_profile_names", "same_profile_name"]
 
 PROFILES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles")
 _ALGORITHMS = ("auto", "ring", "recursive_doubling", "rabenseifner", "shared_memory", "hierarchical")
@@ -158,6 +158,11 @@ class ClusterProfile:
 
 def _normalise(name: str) -> str:
     return name.strip().lower().replace("-", "_").replace(" ", "_")
+
+
+def same_profile_name(a: str, b: str) -> bool:
+    """Whether two spellings name the same profile ("SuperMUC-NG", "supermuc_ng")."""
+    return _normalise(a) == _normalise(b)
 
 
 def shipped_profile_names() -> list[str]:

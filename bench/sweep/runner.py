@@ -10,6 +10,7 @@ from typing import Callable
 from bench.errors import BenchUsageError
 from bench.launched_run import LaunchTimedOut, run_launched
 from bench.programs.result_line import PROGRESS_TAG, parse_result_line
+from bench.quiet import not_quiet_because
 from bench.sweep.options import SweepOptions
 
 __all__ = ["PROGRAM", "SweepRunError", "launch_command", "run_point", "measured_row"]
@@ -86,7 +87,7 @@ def run_point(options: SweepOptions, devices: int, micro_batch: int,
 def measured_row(result: dict, oversubscribed: bool) -> dict:
     times = result["step_times_s"]
     versions = result.get("versions", {})
-    return {
+    row = {
         "devices": result["ranks"], "nodes": result["nodes"],
         "devices_per_node": -(-result["ranks"] // result["nodes"]), "simulated": False,
         "cluster": "", "oversubscribed": oversubscribed, "micro_batch": result["micro_batch"],
@@ -100,3 +101,6 @@ def measured_row(result: dict, oversubscribed: bool) -> dict:
         **({"load_average_1m": result["load_average_1m"]} if "load_average_1m" in result else {}),
         **{key: versions.get(key) for key in ("python", "tensorflow", "keras", "tarantella", "numpy", "mpi")},
     }
+    row["not_quiet_because"] = not_quiet_because(row)   # Note [A quiet machine] in bench/quiet.py
+    row["quiet"] = not row["not_quiet_because"]
+    return row

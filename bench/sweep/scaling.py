@@ -28,6 +28,7 @@ from bench.sweep.capacity import find_capacity, is_oversubscribed, split_counts
 from bench.sweep.options import SweepOptions
 from bench.sweep.progress import Progress
 from bench.sweep.runner import measured_row, run_point
+from bench.validation.published_curves import curves_for
 from bench.validation.record import validation_points, write_validation
 
 # Where counts beyond the machine are simulated when --cluster is not given: a CPU cluster,
@@ -35,7 +36,8 @@ from bench.validation.record import validation_points, write_validation
 # simulated rank]), and the extension continues the measured story.
 DEFAULT_CLUSTER = "supermuc_ng"
 
-__all__ = ["DEFAULT_CLUSTER", "run_scaling", "check_batches", "complete_row", "simulate_rows", "summary_points"]
+__all__ = ["DEFAULT_CLUSTER", "run_scaling", "check_batches", "complete_row", "simulate_rows", "summary_points",
+           "flag_unquiet_baselines"]
 
 
 def check_batches(options: SweepOptions, default_micro_batch: int) -> None:
@@ -119,10 +121,21 @@ def simulate_rows(options, entry, profile, cluster, counts):
 
 
 def summary_points(rows: list[dict]) -> list[dict]:
-    return [{key: row[key] for key in (
+    return [{key: row.get(key) for key in (
         "devices", "nodes", "simulated", "cluster", "oversubscribed", "micro_batch", "global_batch",
         "step_time_median_s", "throughput", "throughput_unit", "epoch_time_min", "speedup",
-        "efficiency", "speedup_baseline")} for row in rows]
+        "efficiency", "speedup_baseline", "quiet", "not_quiet_because")} for row in rows]
+
+
+def flag_unquiet_baselines(rows: list[dict], measured_baseline: dict | None) -> None:
+    """Append to a measured speedup's baseline label that its 1-device run was not quiet (Note [A quiet
+    machine] in bench/quiet.py): such a speedup is off even when its own run was quiet."""
+    one = next((row for row in rows if row["devices"] == 1 and not row["simulated"]), measured_baseline)
+    if one is None or one.get("quiet", True):
+        return
+    for row in rows:
+        if not row["simulated"] and row["speedup_baseline"].startswith("measured"):
+            row["speedup_baseline"] += f" (not quiet: {one['not_quiet_because']})"
 
 
 def _baselines(rows, measured_baseline, simulated_series, options, entry, epoch_examples, common):
@@ -185,6 +198,7 @@ def run_scaling(options: SweepOptions) -> dict:
     rows = [complete_row(row, options, entry, epoch_examples, common) for row in rows]
     records.derive_figures(rows, _baselines(rows, measured_baseline, simulated_series, options, entry,
                                             epoch_examples, common))
+    flag_unquiet_baselines(rows, measured_baseline)
     records.write_runs(rows, options.out)
     validation = [] if beyond or cluster is None else validation_points(
         [r for r in rows if not r["simulated"]], [r for r in rows if r["simulated"]])
@@ -200,6 +214,9 @@ def run_scaling(options: SweepOptions) -> dict:
         "cluster": None if cluster is None else cluster.describe(),
         "points": summary_points(rows),
         "validation": validation,
+        # published measurements of the simulated cluster, drawn and printed beside the simulation
+        "published": [] if cluster is None or not any(r["simulated"] for r in rows)
+        else [curve.describe() for curve in curves_for(entry.name, cluster.name)],
         "files": ["runs.csv", "summary.json", "profile.json"] + (["validation.csv", "validation.json"]
                                                                  if validation else []),
     }
