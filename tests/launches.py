@@ -30,6 +30,7 @@ TRAINING = SharedLaunch(env={"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1
     _program("sharded_optimizer", "keras", "sharded_optimizer.py", (1, 2, 4), 380),
     _program("sharded_weights", "keras", "sharded_weights.py", (1, 2, 4), 280),
     _program("stage3_arithmetic", "keras", "stage3_arithmetic.py", (2,), 200),
+    _program("manual_blocks", "docs", "manual_blocks.py", (1, 2), 300),
     # last: set_deterministic fixes the thread counts when TensorFlow has not started yet
     Program("custom_loop", os.path.join(REPO_ROOT, "examples", "custom_loop.py"), args=("--check",), ranks=(1, 2),
             timeout=170),
