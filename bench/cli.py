@@ -200,13 +200,13 @@ def _print_points(summary):
     if any("not quiet" in _machine_note(point) for point in points):
         print("tnt-bench: a run marked 'not quiet' shared its machine with other work (the load average beyond its "
               "own threads, or step times that spread over 10 %): its times and the speedups against it are not "
-              "the system's. Measure again on a quiet machine (README, 'A quiet machine').")
+              "the system's. Measure again on a quiet machine (docs/guides/benchmarking.md, 'A quiet machine').")
     _print_published(summary)
 
 
 def _machine_note(point) -> str:
     """The quiet column of a measured point (Note [A quiet machine] in bench/quiet.py)."""
-    if point["simulated"] or point.get("quiet") is None:
+    if point["simulated"] or point.get("quiet") not in (True, False):   # simulated, or measured before it was judged
         return ""
     note = "quiet" if point["quiet"] else f"NOT QUIET: {point['not_quiet_because']}"
     baseline = point.get("speedup_baseline") or ""
@@ -219,12 +219,11 @@ def _print_published(summary):
     """Published measurements of the simulated cluster beside the simulated speedups (issue 41 §3)."""
     simulated = {point["devices"]: point["speedup"] for point in summary["points"] if point["simulated"]}
     for curve in summary.get("published", []):
-        shared = [d for d in curve["devices"] if d in simulated and d > 1]
         print(f"{curve['label']} on {curve['cluster']}:")
         print(f"{'devices':>7} {'published speedup':>18} {'simulated (' + summary['model']['name'] + ')':>28}")
         for devices, speedup in zip(curve["devices"], curve["speedup"]):
             if devices > 1:
-                here = f"{simulated[devices]:.2f}x" if devices in shared else "-"
+                here = f"{simulated[devices]:.2f}x" if devices in simulated else "-"
                 print(f"{devices:>7} {speedup:>17.2f}x {here:>28}")
 
 
