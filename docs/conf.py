@@ -17,5 +17,3 @@ html_title = project
 myst_heading_anchors = 3
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-# The API's docstrings are plain text (code indented, no roles): shown as written.
-autodoc_docstring_signature = True

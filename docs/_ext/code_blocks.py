@@ -5,6 +5,8 @@ import os
 import re
 
 DOCS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def _blocks(language: str) -> list[tuple[str, str]]:
     """[(where, source)] of every ```language block under docs/, where = "page.md:line" of its first line."""
     fence = re.compile(rf"^```{language}\n(.*?)^```\n", re.MULTILINE | re.DOTALL)
