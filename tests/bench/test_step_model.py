@@ -128,13 +128,16 @@ def test_a_cpu_device_is_a_process_with_its_share_of_the_cores():
     assert rank_compute(profile, cluster, 8, 1).step_s == pytest.approx(0.02 + 0.08 / 2)
 
 
-def test_cpu_cluster_caps_a_rank_at_its_socket_and_scales_by_core_speed():
-    cluster = load_cluster_profile("supermuc_ng")          # 48 cores, 24 per rank, core_speed 1.77
+def test_cpu_cluster_shares_a_node_among_its_ranks_and_scales_by_core_speed():
+    cluster = load_cluster_profile("supermuc_ng")          # 48 cores, 4 ranks per node, core_speed 1.77
     profile = fake_profile()
     profile["threads"] = 2
-    one = rank_compute(profile, cluster, 8, 1)
-    assert one.step_s == pytest.approx(0.02 / 1.77 + 0.08 * 2 / (24 * 1.77))
-    assert rank_compute(profile, cluster, 8, 2).step_s == pytest.approx(one.step_s)
+    one = rank_compute(profile, cluster, 8, 1)             # the published baseline: one process, the whole node
+    assert one.step_s == pytest.approx(0.02 / 1.77 + 0.08 * 2 / (48 * 1.77))
+    assert rank_compute(profile, cluster, 8, 2).step_s == pytest.approx(0.02 / 1.77 + 0.08 * 2 / (24 * 1.77))
+    four = rank_compute(profile, cluster, 8, 4)
+    assert four.step_s == pytest.approx(0.02 / 1.77 + 0.08 * 2 / (12 * 1.77))
+    assert rank_compute(profile, cluster, 8, 256).step_s == pytest.approx(four.step_s)   # 64 nodes of 4
 
 
 def test_node_memory_bandwidth_is_shared_by_its_ranks():
