@@ -28,6 +28,7 @@ import sys
 from typing import Sequence
 
 from bench.errors import USAGE_EXIT_CODE, BenchUsageError
+from bench.quiet import LOAD_EXCESS, SPREAD, baseline_not_quiet
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")  # Keras dtype policies (tnt-bench --precision)
 
@@ -191,16 +192,18 @@ def _print_points(summary):
     points = summary["points"]
     print(f"{'devices':>7} {'kind':>22} {'step s':>9} {unit + '/s':>12} {'epoch min':>10} "
           f"{'speedup':>8} {'effic.':>7}  machine")
-    for point in points:
+    notes = [_machine_note(point) for point in points]
+    for point, note in zip(points, notes):
         kind = f"simulated {point['cluster']}" if point["simulated"] else (
             "measured, oversub." if point["oversubscribed"] else "measured")
         print(f"{point['devices']:>7} {kind:>22} {point['step_time_median_s']:>9.4f} "
               f"{point['throughput']:>12.1f} {point['epoch_time_min']:>10.2f} "
-              f"{point['speedup']:>8.2f} {point['efficiency']:>7.2f}  {_machine_note(point)}")
-    if any("not quiet" in _machine_note(point) for point in points):
-        print("tnt-bench: a run marked 'not quiet' shared its machine with other work (the load average beyond its "
-              "own threads, or step times that spread over 10 %): its times and the speedups against it are not "
-              "the system's. Measure again on a quiet machine (docs/guides/benchmarking.md, 'A quiet machine').")
+              f"{point['speedup']:>8.2f} {point['efficiency']:>7.2f}  {note}")
+    if any(note not in ("", "quiet") for note in notes):
+        print(f"tnt-bench: a run marked 'not quiet' shared its machine with other work (the load average more than "
+              f"{LOAD_EXCESS:g} beyond its own threads, or step times that spread over {SPREAD:.0%}): its times and "
+              f"the speedups against it are not the system's. Measure again on a quiet machine "
+              f"(docs/guides/benchmarking.md, 'A quiet machine').")
     _print_published(summary)
 
 
@@ -209,8 +212,7 @@ def _machine_note(point) -> str:
     if point["simulated"] or point.get("quiet") not in (True, False):   # simulated, or measured before it was judged
         return ""
     note = "quiet" if point["quiet"] else f"NOT QUIET: {point['not_quiet_because']}"
-    baseline = point.get("speedup_baseline") or ""
-    if "not quiet" in baseline:
+    if baseline_not_quiet(point.get("speedup_baseline")):
         note += "; speedup against a 1-device run that was not quiet"
     return note
 

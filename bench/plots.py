@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from bench import records
+from bench.quiet import baseline_not_quiet
 from bench.validation.published_curves import curves_for
 
 __all__ = ["plot_directories", "series_of", "published_beside"]
@@ -43,7 +44,7 @@ def _not_quiet(rows, column):
         return rows.iloc[0:0]
     flagged = rows["quiet"].astype(str) == "False"
     if column == "speedup" and "speedup_baseline" in rows:
-        flagged |= rows["speedup_baseline"].astype(str).str.contains("not quiet")
+        flagged |= rows["speedup_baseline"].map(baseline_not_quiet).astype(bool)
     return rows[flagged & ~rows["simulated"].astype(bool)]
 
 

@@ -16,18 +16,20 @@ two signs marks a run as not quiet:
   of a few milliseconds (the tests' tiny models) spread by 10-20 % on a quiet machine, since one time slice
   of the scheduler (a few ms) lands on one step or another; 20 ms is a slice on a busy 2-core Linux.
 A speedup is only as good as both of its runs, so a speedup against a 1-device run that was not quiet is
-flagged too (records.derive_figures names its baseline; bench/sweep/scaling.py appends the reason).
+flagged too: records.derive_figures names its baseline, bench/sweep/scaling.py marks that label with the
+reason (unquiet_baseline), and the table and the plot read the mark back (baseline_not_quiet).
 """
 from __future__ import annotations
 
 import math
 import statistics
 
-__all__ = ["LOAD_EXCESS", "SPREAD", "SPREAD_FLOOR_S", "not_quiet_because"]
+__all__ = ["LOAD_EXCESS", "SPREAD", "SPREAD_FLOOR_S", "not_quiet_because", "unquiet_baseline", "baseline_not_quiet"]
 
 LOAD_EXCESS = 0.75
 SPREAD = 0.10
 SPREAD_FLOOR_S = 0.020
+_BASELINE_MARK = " (not quiet: "
 
 
 def _number(value) -> float | None:
@@ -54,3 +56,13 @@ def not_quiet_because(row: dict) -> str:
         if spread > SPREAD and deviation > SPREAD_FLOOR_S:
             reasons.append(f"step times spread {spread:.0%}")
     return ", ".join(reasons)
+
+
+def unquiet_baseline(label: str, because: str) -> str:
+    """A speedup_baseline label marked: its 1-device run was not quiet, for `because`."""
+    return f"{label}{_BASELINE_MARK}{because})"
+
+
+def baseline_not_quiet(label) -> bool:
+    """Whether a speedup_baseline label (as written, or read back from runs.csv) carries that mark."""
+    return isinstance(label, str) and _BASELINE_MARK in label

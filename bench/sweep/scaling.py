@@ -21,6 +21,7 @@ from bench.data.datasets import get_dataset_info
 from bench.errors import BenchUsageError
 from bench.machine import describe_machine, describe_software, describe_source
 from bench.models.registry import get_model_entry
+from bench.quiet import unquiet_baseline
 from bench.simulate.cluster_profile import load_cluster_profile, shipped_profile_names
 from bench.simulate.model_profile import load_profile
 from bench.simulate.predict_sweep import check_cluster_capacity, simulated_row
@@ -135,7 +136,7 @@ def flag_unquiet_baselines(rows: list[dict], measured_baseline: dict | None) -> 
         return
     for row in rows:
         if not row["simulated"] and row["speedup_baseline"].startswith("measured"):
-            row["speedup_baseline"] += f" (not quiet: {one['not_quiet_because']})"
+            row["speedup_baseline"] = unquiet_baseline(row["speedup_baseline"], one["not_quiet_because"])
 
 
 def _baselines(rows, measured_baseline, simulated_series, options, entry, epoch_examples, common):
