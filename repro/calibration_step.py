@@ -53,11 +53,11 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tarantella._repro.protocol import CALIBRATION_SPLIT_NOTE as SPLIT_NOTE
 from tarantella.data import distributed_dataset
 
 __all__ = ["MODES", "SPLIT_NOTE", "check_supported", "reverse_batch", "rows_of", "split_train_step"]
 
-SPLIT_NOTE = "calibration_split_gradients"  # the record's note that the calibration split (check.py reads it)
 
 MODES = ("reverse",)
 

@@ -29,14 +29,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 
-from repro import calibration_step
 from repro import progress as progress_display
 from repro import records, runs, schedule, tolerance as tolerance_module, verdicts
 from repro import wrap as wrap_module
 from repro.compare import differences
 from tarantella import determinism
-from tarantella._repro import hook
+from tarantella._repro import protocol
 
 __all__ = ["CheckOptions", "CheckOutcome", "plan_runs", "run_check", "CheckError"]
 
@@ -86,9 +86,9 @@ PRODUCTION = "serial (production)"
 def _common_env(options: CheckOptions, exact: bool) -> dict[str, str]:
     env = determinism.environment(options.seed)
     if options.steps:
-        env["TNT_REPRO_MAX_STEPS"] = str(options.steps)
+        env[protocol.MAX_STEPS_VARIABLE] = str(options.steps)
     if options.epochs:
-        env["TNT_REPRO_MAX_EPOCHS"] = str(options.epochs)
+        env[protocol.MAX_EPOCHS_VARIABLE] = str(options.epochs)
     if exact:
         env["TNT_EXACT_VIRTUAL_BATCHES"] = str(options.virtual_batches)
         env["TNT_ALLREDUCE_ALGORITHM"] = "recursive_doubling"
@@ -98,9 +98,9 @@ def _common_env(options: CheckOptions, exact: bool) -> dict[str, str]:
 def _with(env: dict, *, reference: str | None = None, store: bool = False, wrap: bool = False, **extra) -> dict:
     env = {**env, **extra}
     if reference:
-        env[hook.REFERENCE_VARIABLE] = reference
+        env[protocol.REFERENCE_VARIABLE] = reference
     if store:
-        env[hook.STORE_WEIGHTS_VARIABLE] = "1"
+        env[protocol.STORE_WEIGHTS_VARIABLE] = "1"
     if wrap:
         env[wrap_module.WRAP_VARIABLE] = "1"
     return env
@@ -141,13 +141,15 @@ def _directory(options: CheckOptions, name: str) -> str:
 
 
 def _needs(options: CheckOptions, plan: list[runs.RunSpec]) -> dict[str, str | None]:
-    """Each run's reference run (the one whose record it reads while it runs), by name."""
+    """Each run's reference run (the one whose stored weights it reads while it runs), by name."""
     by_directory = {_directory(options, spec.name): spec.name for spec in plan}
-    return {spec.name: by_directory.get(spec.env.get(hook.REFERENCE_VARIABLE)) for spec in plan}
+    return {spec.name: by_directory.get(spec.env.get(protocol.REFERENCE_VARIABLE)) for spec in plan}
 
 
 def run_check(options: CheckOptions) -> CheckOutcome:
     plan = plan_runs(options)
+    for spec in plan:   # a run may read its reference while both run: no step of an earlier check may be there
+        shutil.rmtree(_directory(options, spec.name), ignore_errors=True)
     display = progress_display.Progress(len(plan), options.steps, live_updates=options.jobs == 1)
 
     def execute(spec, stop):
@@ -206,7 +208,7 @@ def _compare(options, plan, recorded, found, refused) -> tolerance_module.Tolera
     if calibrated is not None and "calibration" in recorded:
         calibration = recorded["calibration"]
         tolerance = tolerance_module.derive(differences(calibrated, calibration), calibrated.compute_dtype,
-                                            split=bool(calibration.notes.get(calibration_step.SPLIT_NOTE)))
+                                            split=bool(calibration.notes.get(protocol.CALIBRATION_SPLIT_NOTE)))
     repeat_spec = next(spec for spec in plan if spec.role == "repeat")
     original_name = _devices_name(repeat_spec.devices)
     if refused:

@@ -1,7 +1,8 @@
 """Starting one run of the user's script (serially or through the launcher) and watching it.
 
 Each run gets its own directory under the check's output: the recorder's files
-(tarantella/_repro/hook.py), stdout.log and stderr.log. A run that outlives its
+(tarantella/_repro/hook.py), stdout.log and stderr.log, and ENDED_FILE once its processes
+have ended (Note [Reading a reference while it runs] in tarantella/_repro/weights.py). A run that outlives its
 timeout is killed with its whole process group (launcher, mpirun, ranks), so a
 hanging script fails the check instead of stalling it.
 """
@@ -16,6 +17,7 @@ import threading
 import time
 from typing import Callable, Mapping
 
+from tarantella._repro.protocol import ENDED_FILE
 from tarantella.launcher import launch_check
 from tarantella.launcher.process_group import stop_process_group
 
@@ -113,10 +115,12 @@ def execute(spec: RunSpec, script: str, script_args: list[str], directory: str, 
     result = _execute_once(spec, script, script_args, directory, timeout, on_progress, stop)
     with open(os.path.join(directory, "stderr.log")) as handle:
         first_error = launch_check.no_rank_started(result.returncode, handle.read())
-    if first_error is None:
-        return result
-    os.replace(os.path.join(directory, "stderr.log"), os.path.join(directory, "stderr.first-launch.log"))
-    return _execute_once(spec, script, script_args, directory, timeout, on_progress, stop)
+    if first_error is not None:
+        os.replace(os.path.join(directory, "stderr.log"), os.path.join(directory, "stderr.first-launch.log"))
+        result = _execute_once(spec, script, script_args, directory, timeout, on_progress, stop)
+    with open(os.path.join(directory, ENDED_FILE), "w"):
+        pass
+    return result
 
 
 def _execute_once(spec: RunSpec, script: str, script_args: list[str], directory: str, timeout: float,

@@ -77,7 +77,7 @@ def train_step(model, data, virtual_batches: int):
                 f"(the virtual micro-batches); choose such a batch size and dataset length, or drop the remainder")
     piece = local_size // per_rank
     variables = model.trainable_variables
-    per_batch_gradients, results = [], None
+    per_batch_gradients = []
     seeds = serial_random.StepSeedStates(model)
     statistics = exact_batch_norm.PieceStatistics(model)
     statistics.snapshot()

@@ -33,17 +33,14 @@ import time
 import numpy as np
 
 from tarantella._repro import reductions, weights as weight_records
+from tarantella._repro.protocol import (MAX_EPOCHS_VARIABLE, MAX_STEPS_VARIABLE, RECORD_VARIABLE, REFERENCE_VARIABLE,
+                                        STORE_WEIGHTS_VARIABLE)
 from tarantella.keras import serial_random
 
 __all__ = ["note", "compute_dtypes", "RECORD_VARIABLE", "REFERENCE_VARIABLE", "STORE_WEIGHTS_VARIABLE",
            "MAX_STEPS_VARIABLE", "MAX_EPOCHS_VARIABLE", "extra_callbacks", "make_recorder", "rank_from_environment",
            "world_size_from_environment"]
 
-RECORD_VARIABLE = "TNT_REPRO_RECORD"
-REFERENCE_VARIABLE = "TNT_REPRO_REFERENCE"
-STORE_WEIGHTS_VARIABLE = "TNT_REPRO_STORE_WEIGHTS"
-MAX_STEPS_VARIABLE = "TNT_REPRO_MAX_STEPS"
-MAX_EPOCHS_VARIABLE = "TNT_REPRO_MAX_EPOCHS"
 
 _recorders_made = 0
 _notes: dict = {}   # what the harness says of this run's steps (note()); written with the record

@@ -16,14 +16,25 @@ such as a norm: a perturbation orthogonal to the weights moves the norm by a sec
 amount, but moves every element it touches by its own size.
 Cost: the reference's disk is model size x recorded steps (cap the steps with --steps for
 large models); hashing and differencing cost one pass over the weights per step.
+
+Note [Reading a reference while it runs]
+A run may start while its reference still trains (Note [Runs side by side] in repro/schedule.py):
+at step s its master rank waits until the reference has stored step s, polling the file, which
+the reference writes under a temporary name and renames, so a step is there whole or not at all.
+It stops waiting when the harness has marked the reference's directory ENDED_FILE (its processes
+have ended): a step not stored by then never will be (the reference trained fewer steps, or
+failed, and then the check stops this run too). The wait is not part of the step's recorded time.
 """
 from __future__ import annotations
 
 import hashlib
 import math
 import os
+import time
 
 import numpy as np
+
+from tarantella._repro.protocol import ENDED_FILE
 
 __all__ = ["CHUNK_ELEMENTS", "chunk_hashes", "difference", "store_step", "ReferenceWeights"]
 
@@ -74,16 +85,24 @@ def store_step(directory: str, step: int, values: dict[str, np.ndarray]) -> None
 
 
 class ReferenceWeights:
-    """The stored weights of a reference run, read one step at a time."""
+    """The stored weights of a reference run, read one step at a time, also while it runs (Note [Reading a
+    reference while it runs])."""
+
+    POLL_SECONDS = 0.02
 
     def __init__(self, directory: str):
         self.directory = directory
-        if not os.path.isdir(os.path.join(directory, "weights")):
-            raise FileNotFoundError(f"tnt-repro: no reference weights in {directory} (the reference run stored none)")
 
     def at(self, step: int) -> dict[str, np.ndarray] | None:
         path = _step_path(self.directory, step)
-        if not os.path.exists(path):
-            return None   # the reference trained fewer steps
+        while not os.path.exists(path):
+            if os.path.exists(os.path.join(self.directory, ENDED_FILE)):
+                if os.path.exists(path):     # stored between the two looks
+                    break
+                if not os.path.isdir(os.path.join(self.directory, "weights")):
+                    raise FileNotFoundError(f"tnt-repro: no reference weights in {self.directory} (the reference "
+                                            f"run stored none)")
+                return None   # the reference trained fewer steps
+            time.sleep(self.POLL_SECONDS)
         with np.load(path) as archive:
             return {key.replace("|", "/"): archive[key] for key in archive.files}

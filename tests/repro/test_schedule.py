@@ -1,5 +1,5 @@
 """Runs side by side (repro/schedule.py, Note [Runs side by side]): a run starts once the run it reads has
-ended and while the ranks in flight fit the cores; results come back in the plan's order; stopping early stops
+started and while the ranks in flight fit the cores; results come back in the plan's order; stopping early stops
 the runs in flight."""
 import threading
 import time
@@ -52,8 +52,20 @@ def test_runs_start_after_their_reference_within_the_cores_and_return_in_plan_or
     assert names == [spec.name for spec in plan]
     assert recorder.in_flight_peak() == 2                          # side by side, never beyond 2 cores
     for name, reference in needs.items():
-        assert recorder.time_of("start", name) >= recorder.time_of("end", reference)
-    assert recorder.time_of("start", "as written 1") < recorder.time_of("end", "serial")   # beside the reference
+        assert recorder.time_of("start", name) >= recorder.time_of("start", reference)
+    # a 1-device run reads the reference while it runs (Note [Reading a reference while it runs])
+    assert recorder.time_of("start", "1 device") < recorder.time_of("end", "serial")
+    assert recorder.time_of("start", "2 devices") >= recorder.time_of("end", "1 device")   # 1 + 2 > 2 cores
+
+
+def test_a_run_never_starts_before_the_reference_it_reads():
+    """The reference comes later in the plan than its reader: the reader waits for it to start, even with
+    cores free, so that its master rank never waits for steps of a run that has not begun."""
+    spec = lambda name, devices: RunSpec(name, devices, "role", {}, devices > 1)  # noqa: E731
+    plan = [spec("calibration", 1), spec("serial (production)", 1)]
+    recorder = _Recorder()
+    list(in_plan_order(plan, {"calibration": "serial (production)"}, 4, recorder))
+    assert recorder.time_of("start", "calibration") >= recorder.time_of("start", "serial (production)")
 
 
 def test_one_job_runs_the_plan_one_run_after_the_other():
