@@ -65,7 +65,9 @@ def _add_scaling(commands):
     parser.add_argument("--steps", type=_positive_int, default=10, help="timed steps per run (default 10)")
     parser.add_argument("--warmup-steps", type=int, default=2,
                         help="untimed steps first, including tracing (default 2)")
-    parser.add_argument("--data", default="synthetic", help="synthetic (default) or tfds:NAME")
+    parser.add_argument("--data", default="synthetic",
+                        help="synthetic (default), jpeg (MLPerf's ResNet-50 input pipeline over a generated "
+                             "ImageNet-like JPEG set), jpeg:DIR (its train-* TFRecord files) or tfds:NAME")
     parser.add_argument("--data-dir", help="TFDS data directory (default: TFDS_DATA_DIR or ~/tensorflow_datasets)")
     parser.add_argument("--precision", choices=PRECISIONS, default="float32",
                         help="the Keras dtype policy to train at (MLPerf trains in mixed precision); recorded in "
@@ -164,10 +166,16 @@ def _scaling(args, argv) -> int:
     from bench.sweep.device_counts import parse_device_counts
     from bench.sweep.options import SweepOptions
     from bench.sweep.scaling import run_scaling
-    get_model_entry(args.model)
+    entry = get_model_entry(args.model)
     counts = parse_device_counts(args.devices)
-    if args.data != "synthetic" and not args.data.startswith("tfds:"):
-        raise BenchUsageError(f"--data {args.data!r}: expected synthetic or tfds:NAME")
+    _check_data(args.data, entry)
+    if args.data == "jpeg" and not args.simulate:   # made once, before any run is timed
+        from bench.data import imagenet_like
+        directory, description = imagenet_like.ensure_set()
+        print(f"tnt-bench: --data jpeg reads the generated ImageNet-like set in {directory} "
+              f"({description['images']} images, mean {description['mean_bytes'] / 1024:.0f} KiB; ImageNet's "
+              f"{imagenet_like.IMAGENET_MEAN_BYTES / 1024:.0f} KiB)")
+        args.data = f"jpeg:{directory}"
     if args.model_profile and not args.simulate:
         raise BenchUsageError("--model-profile is used with --simulate only")
     options = SweepOptions(
@@ -187,18 +195,35 @@ def _scaling(args, argv) -> int:
     return 0
 
 
+def _check_data(data: str, entry) -> None:
+    import os
+    if data == "synthetic" or data.startswith("tfds:"):
+        return
+    if data == "jpeg" or data.startswith("jpeg:"):
+        if entry.kind != "image":
+            raise BenchUsageError(f"--data {data}: JPEG input feeds image models; {entry.name} is a {entry.kind} model")
+        if data.startswith("jpeg:") and not os.path.isdir(data.split(":", 1)[1]):
+            raise BenchUsageError(f"--data {data}: no such directory")
+        return
+    raise BenchUsageError(f"--data {data!r}: expected synthetic, jpeg, jpeg:DIR or tfds:NAME")
+
+
 def _print_points(summary):
     unit = summary["model"]["unit"]
     points = summary["points"]
+    bound = any(isinstance(point.get("bound_by"), str) for point in points)   # Note [Input-bound]
     print(f"{'devices':>7} {'kind':>22} {'step s':>9} {unit + '/s':>12} {'epoch min':>10} "
-          f"{'speedup':>8} {'effic.':>7}  machine")
+          f"{'speedup':>8} {'effic.':>7}  " + (f"{'bound by':<24}" if bound else "") + "machine")
     notes = [_machine_note(point) for point in points]
     for point, note in zip(points, notes):
         kind = f"simulated {point['cluster']}" if point["simulated"] else (
             "measured, oversub." if point["oversubscribed"] else "measured")
+        bound_by = (f"{point['bound_by']} (input {point['input_share']:.0%} of a step)"
+                    if isinstance(point.get("bound_by"), str) else "")
         print(f"{point['devices']:>7} {kind:>22} {point['step_time_median_s']:>9.4f} "
               f"{point['throughput']:>12.1f} {point['epoch_time_min']:>10.2f} "
-              f"{point['speedup']:>8.2f} {point['efficiency']:>7.2f}  {note}")
+              f"{point['speedup']:>8.2f} {point['efficiency']:>7.2f}  " + (f"{bound_by:<24}" if bound else "")
+              + note)
     if any(note not in ("", "quiet") for note in notes):
         print(f"tnt-bench: a run marked 'not quiet' shared its machine with other work (the load average more than "
               f"{LOAD_EXCESS:g} beyond its own threads, or step times that spread over {SPREAD:.0%}): its times and "

@@ -22,7 +22,8 @@ RUN_COLUMNS = [
     "step_time_max_s", "step_time_std_s", "step_times_s", "throughput", "throughput_unit",
     "epoch_examples", "epoch_time_s", "epoch_time_min", "speedup", "efficiency", "speedup_baseline",
     "threads_per_rank", "parameters", "final_loss", "timestamp", "hostname", "cpu_model",
-    "cpus", "physical_cores", "memory_gib", "os", "load_average_1m", "quiet", "not_quiet_because", "git_commit", "git_dirty", "python",
+    "cpus", "physical_cores", "memory_gib", "os", "load_average_1m", "quiet", "not_quiet_because",
+    "input_alone_s", "input_share", "bound_by", "git_commit", "git_dirty", "python",
     "tensorflow", "keras", "tarantella", "numpy", "mpi", "command",
 ]
 

@@ -27,7 +27,7 @@ def _parse(argv):
     parser.add_argument("--global-batch", type=int, required=True)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup-steps", type=int, default=2)
-    parser.add_argument("--data", default="synthetic", help="synthetic or tfds:NAME")
+    parser.add_argument("--data", default="synthetic", help="synthetic, jpeg, jpeg:DIR or tfds:NAME")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--precision", choices=PRECISIONS, default="float32",
@@ -51,12 +51,43 @@ def _dataset(entry, args, batch, rank, ranks):
     if args.data == "synthetic":
         from bench.data.synthetic import synthetic_dataset
         return synthetic_dataset(entry, batch, seed=args.seed + (rank if args.framework == "keras" else 0))
+    if is_jpeg(args.data):
+        from bench.data import jpeg_pipeline
+        files = jpeg_pipeline.train_files(_jpeg_directory(args.data))
+        return jpeg_pipeline.rank_dataset(files, rank, ranks, args.global_batch // ranks, entry.image_size,
+                                          entry.channels, entry.num_classes, seed=args.seed + rank)
     from bench.data.tfds_source import tfds_dataset
     name = args.data.split(":", 1)[1]
     examples = tfds_dataset(name, entry, "train", training=True, data_dir=args.data_dir)
     if args.framework == "keras":
         examples = examples.shard(ranks, rank)
     return examples.repeat().batch(batch, drop_remainder=True).prefetch(2)
+
+
+def is_jpeg(data: str) -> bool:
+    return data == "jpeg" or data.startswith("jpeg:")
+
+
+def _jpeg_directory(data: str) -> str:
+    """The set's directory: jpeg:DIR, or for `jpeg` the generated set (the master makes it if it is missing)."""
+    import tarantella as tnt
+    from bench.data import imagenet_like
+    if data.startswith("jpeg:"):
+        return data.split(":", 1)[1]
+    directory = imagenet_like.ensure_set()[0] if tnt.get_rank() == 0 else None
+    return tnt.broadcast_object(directory)
+
+
+def _time_input_alone(dataset, batches: int = 20) -> float:
+    """Seconds per micro-batch of this rank's input pipeline alone (nothing trains meanwhile; the other ranks
+    time theirs at the same moment, so they share the node's cores as in training): Note [Input-bound]."""
+    import time
+    iterator = iter(dataset)
+    next(iterator)                       # the pipeline's start (files opened, buffers filled) is not timed
+    started = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return (time.perf_counter() - started) / batches
 
 
 def _loss(entry):
@@ -103,6 +134,13 @@ def main(argv=None) -> int:
                   loss=_loss(entry))
     batch = batch_per_dataset(args.framework, args.global_batch, ranks)
     dataset = _dataset(entry, args, batch, rank, ranks)
+    input_alone_s = None
+    if is_jpeg(args.data):
+        tnt.barrier()
+        input_alone_s = max(tnt.allgather_object(_time_input_alone(dataset)))
+        if args.framework == "tnt":   # each rank's own micro-batches, from its own files
+            mine = dataset
+            dataset = tnt.distribute_datasets_from_function(lambda context: mine)
     timer = StepTimer(args.warmup_steps + args.steps if rank == 0 else None, args.warmup_steps)
     tnt.barrier()
     history = model.fit(dataset, epochs=1, steps_per_epoch=args.warmup_steps + args.steps,
@@ -126,6 +164,7 @@ def main(argv=None) -> int:
         "global_batch": args.global_batch, "warmup_steps": args.warmup_steps,
         "steps": args.steps, "step_times_s": step_times, "threads_per_rank": threads,
         "data": args.data, "precision": args.precision, "parameters": int(keras_model.count_params()),
+        **({"input_alone_s": input_alone_s} if input_alone_s is not None else {}),
         "final_loss": float(history.history["loss"][-1]),
         "load_average_1m": round(os.getloadavg()[0], 2),  # others' work on the machine skews times
         "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,

@@ -8,6 +8,7 @@ import time
 from typing import Callable
 
 from bench.errors import BenchUsageError
+from bench.input_bound import input_fields
 from bench.launched_run import LaunchTimedOut, run_launched
 from bench.programs.result_line import PROGRESS_TAG, parse_result_line
 from bench.quiet import not_quiet_because
@@ -101,6 +102,7 @@ def measured_row(result: dict, oversubscribed: bool) -> dict:
         **({"load_average_1m": result["load_average_1m"]} if "load_average_1m" in result else {}),
         **{key: versions.get(key) for key in ("python", "tensorflow", "keras", "tarantella", "numpy", "mpi")},
     }
+    row.update(input_fields(result.get("input_alone_s"), row["step_time_median_s"]))   # Note [Input-bound]
     row["not_quiet_because"] = not_quiet_because(row)   # Note [A quiet machine] in bench/quiet.py
     row["quiet"] = not row["not_quiet_because"]
     return row

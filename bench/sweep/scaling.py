@@ -125,7 +125,7 @@ def summary_points(rows: list[dict]) -> list[dict]:
     return [{key: row.get(key) for key in (
         "devices", "nodes", "simulated", "cluster", "oversubscribed", "micro_batch", "global_batch",
         "step_time_median_s", "throughput", "throughput_unit", "epoch_time_min", "speedup",
-        "efficiency", "speedup_baseline", "quiet", "not_quiet_because")} for row in rows]
+        "efficiency", "speedup_baseline", "quiet", "not_quiet_because", "input_share", "bound_by")} for row in rows]
 
 
 def flag_unquiet_baselines(rows: list[dict], measured_baseline: dict | None) -> None:

@@ -18,7 +18,7 @@ import pytest
      "cluster profile 'no_cluster' not found"),
     (["scaling", "--model", "resnet_tiny", "--devices", "1..512", "--simulate", "--cluster", "hpc_da"],
      "cannot simulate 256, 512"),
-    (["scaling", "--model", "resnet_tiny", "--data", "imagenet"], "expected synthetic or tfds:NAME"),
+    (["scaling", "--model", "resnet_tiny", "--data", "imagenet"], "expected synthetic, jpeg, jpeg:DIR or tfds:NAME"),
     (["scaling", "--model", "resnet_tiny", "--simulate", "--cluster", "hpc_da", "--precision", "mixed_bfloat16"],
      "states no mixed_bfloat16 throughput"),
     (["scaling", "--model", "resnet_tiny", "--micro-batch", "0"], "expected a whole number >= 1"),
