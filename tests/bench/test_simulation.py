@@ -114,3 +114,18 @@ def test_profile_of_another_model_is_refused(run_cli, tmp_path):
     code, _, err = run_cli("scaling", "--model", "resnet_tiny", "--devices", "1..4", "--simulate",
                            "--cluster", "hpc_da", "--model-profile", str(path), "--out", str(tmp_path / "o"))
     assert code == 2 and "is of model 'transformer_tiny'" in err
+
+
+@pytest.mark.parametrize("micro_batch, noted", [("8", False), ("16", False), ("64", True)])
+def test_a_profile_measured_far_from_the_simulated_micro_batch_is_noted(run_cli, profile_file, tmp_path,
+                                                                       micro_batch, noted):
+    """The profile's step scales linearly in the micro-batch, which a real model's cost per example does not
+    (ResNet-50 here: 0.92 core-s per image at 8, 0.35 at 64): more than 2x from the profile's 8, a note."""
+    code, _, err = run_cli("scaling", "--model", "resnet_tiny", "--devices", "1,4", "--simulate",
+                           "--cluster", "supermuc_ng", "--model-profile", profile_file, "--micro-batch", micro_batch,
+                           "--out", str(tmp_path / "sweep"), "--no-plots", "--quiet")
+    assert code == 0, err
+    notes = [line for line in err.splitlines() if line.startswith("tnt-bench: note: the model profile")]
+    assert len(notes) == (1 if noted else 0), err
+    if noted:
+        assert "micro-batch 8" in notes[0] and "micro-batch 64" in notes[0]

@@ -129,14 +129,15 @@ def test_a_cpu_device_is_a_process_with_its_share_of_the_cores():
 
 
 def test_cpu_cluster_shares_a_node_among_its_ranks_and_scales_by_core_speed():
-    cluster = load_cluster_profile("supermuc_ng")          # 48 cores, 4 ranks per node, core_speed 1.77
+    cluster = load_cluster_profile("supermuc_ng")          # 48 cores, 4 ranks per node
+    speed = cluster.core_speed
     profile = fake_profile()
     profile["threads"] = 2
     one = rank_compute(profile, cluster, 8, 1)             # the published baseline: one process, the whole node
-    assert one.step_s == pytest.approx(0.02 / 1.77 + 0.08 * 2 / (48 * 1.77))
-    assert rank_compute(profile, cluster, 8, 2).step_s == pytest.approx(0.02 / 1.77 + 0.08 * 2 / (24 * 1.77))
+    assert one.step_s == pytest.approx(0.02 / speed + 0.08 * 2 / (48 * speed))
+    assert rank_compute(profile, cluster, 8, 2).step_s == pytest.approx(0.02 / speed + 0.08 * 2 / (24 * speed))
     four = rank_compute(profile, cluster, 8, 4)
-    assert four.step_s == pytest.approx(0.02 / 1.77 + 0.08 * 2 / (12 * 1.77))
+    assert four.step_s == pytest.approx(0.02 / speed + 0.08 * 2 / (12 * speed))
     assert rank_compute(profile, cluster, 8, 256).step_s == pytest.approx(four.step_s)   # 64 nodes of 4
 
 
