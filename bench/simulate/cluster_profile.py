@@ -173,13 +173,12 @@ def find_cluster_profile(name_or_path: str) -> str:
     """A path: as given if it exists, else the shipped profile of that file name or `name`."""
     if os.path.exists(name_or_path):
         return name_or_path
-    wanted = _normalise(name_or_path)
     for stem in shipped_profile_names():
         path = os.path.join(PROFILES_DIR, f"{stem}.toml")
-        if _normalise(stem) == wanted:
+        if same_profile_name(stem, name_or_path):
             return path
         with open(path, "rb") as handle:
-            if _normalise(str(tomllib.load(handle).get("name", ""))) == wanted:
+            if same_profile_name(str(tomllib.load(handle).get("name", "")), name_or_path):
                 return path
     raise BenchUsageError(f"cluster profile {name_or_path!r} not found: give a TOML file or one "
                           f"of the shipped profiles: {', '.join(shipped_profile_names())}")

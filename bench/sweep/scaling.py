@@ -148,8 +148,8 @@ def flag_unquiet_baselines(rows: list[dict], measured_baseline: dict | None) -> 
     one = next((row for row in rows if row["devices"] == 1 and not row["simulated"]), measured_baseline)
     if one is None or one.get("quiet", True):
         return
-    for row in rows:
-        if not row["simulated"] and row["speedup_baseline"].startswith("measured"):
+    for row in rows:   # not the 1-device run itself: its own NOT QUIET says it
+        if not row["simulated"] and row is not one and row["speedup_baseline"].startswith("measured"):
             row["speedup_baseline"] = unquiet_baseline(row["speedup_baseline"], one["not_quiet_because"])
 
 
