@@ -17,7 +17,7 @@ Figures (summary.json): weak-scaling efficiency = step time at 1 rank / step tim
 ranks (same micro-batch: 1.0 is perfect), for tnt, tnt_no_overlap and mwms; tnt's 1-rank
 overhead = tnt 1-rank step time / keras step time - 1; the share of gradient allreduce
 time overlapped with backprop and the exposed communication per step, from each tnt run's
-timeline (Note [Overlap share] in tarantella/keras/overlap.py; traces kept in <out>/timelines/,
+timeline (Note [Overlap share] in tarantella/timeline/overlap.py; traces kept in <out>/timelines/,
 open them in ui.perfetto.dev; --no-timeline leaves them out, and the overlap figures with them).
 The overlap table (overlap.md, and "overlap_table" in summary.json), per model at 2 ranks: overlap
 share, exposed communication and allreduce busy time per step, step time with overlap on and off.
@@ -69,7 +69,7 @@ def _run(model, mode, ranks, args, repeat=0) -> dict:
         raise RuntimeError(f"{model} {mode} x{ranks} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     row = json.loads(lines[-1][len(TAG):])
     if timeline and os.path.exists(timeline):
-        from tarantella.keras.overlap import overlap_from_trace, overlap_summary
+        from tarantella.timeline.overlap import overlap_from_trace, overlap_summary
         summary = overlap_summary(overlap_from_trace(timeline), skip_steps=args.warmup_steps)
         if summary:
             row["communication"] = dict(summary, timeline=os.path.relpath(timeline, args.out),
@@ -168,7 +168,7 @@ def overlap_markdown(table, ranks=2) -> str:
         return f"{value:.0%}" if unit == "%" else f"{value * 1e3:.1f} ms"
 
     lines = [f"Overlap of the gradient allreduce with backprop at {ranks} ranks (Note [Overlap share] in "
-             "tarantella/keras/overlap.py: share of allreduce busy time before the last gradient, per step)", "",
+             "tarantella/timeline/overlap.py: share of allreduce busy time before the last gradient, per step)", "",
              "| model | overlap | overlap share | exposed communication / step | allreduce busy / step "
              "| step time (median) |", "|---|---|---|---|---|---|"]
     for model, entry in table.items():

@@ -4,6 +4,17 @@
     model = tnt.Model(model)        # distributed, synchronous, same results as serial
 
 Run with the launcher (`tarantella -n 4 -- train.py`) or plain `python` (1 rank).
+
+The floors of the house, top to bottom; a room imports only rooms on its own floor or below, and the two
+strategies not each other (import-linter's contracts in pyproject.toml, tests/test_architecture.py):
+  faces        keras (tnt.Model, save and load, callbacks: what a user touches), launcher (the command)
+  strategies   pipeline, sharding (data parallelism still lives in keras/model.py)
+  shared       _repro (exact mode's step, the recorder), then data (input per rank)
+  timeline     the trace of a run's steps and collectives, and its analysis
+  runtime      runtime, collectives, tf_ops, config, errors, devices, ... over the C++ engine (_engine)
+Today 36 imports still run upward, listed in the contracts as debts (issue 40 §1): most reach from the
+strategies into keras/ for the step's shared pieces (graph_allreduce, in_graph_sum, serial_random, ...), which
+belong on the shared floor.
 """
 from tarantella.runtime import (init, is_initialized, get_rank, get_size, get_master_rank,
                                 is_master_rank, shutdown)

@@ -46,8 +46,7 @@ from tarantella._repro import exact_train_step
 from tarantella._repro import hook as repro_hook
 from tarantella.data import distributed_dataset, order_check, serial_order, user_input
 from tarantella.keras import callbacks as rank_callbacks
-from tarantella.keras import class_weights, distributed_optimizer, metric_reduction, models, overlap, tf_steps, \
-    user_steps
+from tarantella.keras import class_weights, distributed_optimizer, metric_reduction, models, tf_steps, user_steps
 from tarantella.keras import batch_position, empty_micro_batch, global_batch_norm, gradient_reduction, serial_random
 from tarantella.keras.graph_allreduce import GraphAllreducer
 from tarantella.keras.in_graph_sum import InGraphSum
@@ -55,7 +54,7 @@ from tarantella.keras.parallel_strategy import ParallelStrategy
 from tarantella.pipeline import stage_state
 from tarantella.sharding import checkpoint as sharding_checkpoint, gathered_weights
 from tarantella import timeline
-from tarantella.timeline import step_events
+from tarantella.timeline import overlap, step_events
 
 __all__ = ["Model"]
 
@@ -478,7 +477,7 @@ class Model(keras.Model):
         return self._statistics_allreducer(tensor)
 
     def communication_profile(self) -> dict | None:
-        """How the last train step's gradient allreduce overlapped backprop (see tarantella.keras.overlap);
+        """How the last train step's gradient allreduce overlapped backprop (see tarantella.timeline.overlap);
         None before the first step or on one rank."""
         if self._gradient_allreducer is None:
             return None

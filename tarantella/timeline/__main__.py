@@ -1,6 +1,6 @@
 """python -m tarantella.timeline merge FILE     merge FILE.rank<R>.json (a job that did not end cleanly) into FILE
 python -m tarantella.timeline overlap FILE   per rank and step: overlap share and exposed communication
-                                             (Note [Overlap share] in tarantella/keras/overlap.py)
+                                             (Note [Overlap share] in tarantella/timeline/overlap.py)
 python -m tarantella.timeline render FILE OUT.png [--step N]
                                              a picture of one step (default: the last one every rank
                                              recorded), one row per rank and track (needs matplotlib)"""
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
             return 1
         print(f"step {step} of {args.file} drawn into {args.output}")
         return 0
-    from tarantella.keras.overlap import overlap_from_trace, overlap_summary
+    from tarantella.timeline.overlap import overlap_from_trace, overlap_summary
     rows = overlap_from_trace(args.file)
     for row in rows:
         print(json.dumps(row, sort_keys=True))

@@ -30,7 +30,7 @@ Each rank is one process of the trace ("rank R"); its tracks (threads):
   pipeline   pipeline passes and transfers (tarantella.timeline.span callers).
   python     any other tarantella.timeline.span(name, ...) of the program.
 A program computes the overlap from these names alone
-(tarantella.keras.overlap.overlap_from_trace).
+(tarantella.timeline.overlap.overlap_from_trace).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from the step's start on the earliest rank; each span of the step a bar
 coloured by its name, each instant (bucket_ready) a tick; wide buckets carry
 their id. The
 title gives the step's overlap share and exposed communication per rank
-(Note [Overlap share] in tarantella/keras/overlap.py). matplotlib is an
+(Note [Overlap share] in tarantella/timeline/overlap.py). matplotlib is an
 optional dependency (tarantella[bench]); without it the command says how to
 install it.
 """
@@ -58,7 +58,7 @@ def _rows(trace: dict) -> list[tuple[int, int, str]]:
 
 
 def _title(trace: dict, step: int) -> str:
-    from tarantella.keras.overlap import overlap_from_trace
+    from tarantella.timeline.overlap import overlap_from_trace
     rows = [row for row in overlap_from_trace(trace) if row["step"] == step]
     parts = [f"rank {row['rank']}: overlap share {row['overlap_share']:.0%}, exposed "
              f"{row['exposed_s'] * 1e3:.1f} ms of {row['communication_s'] * 1e3:.1f} ms" for row in rows]

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tarantella.keras.overlap import overlap_from_trace
+from tarantella.timeline.overlap import overlap_from_trace
 from tarantella.timeline import names, trace_file
 from tests.multirank import run_ranks
 

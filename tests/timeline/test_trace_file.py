@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from tarantella.keras.overlap import overlap_from_trace, overlap_summary, step_overlap
+from tarantella.timeline.overlap import overlap_from_trace, overlap_summary, step_overlap
 from tarantella.timeline import names, trace_file
 from tarantella.timeline.recorder import Recorder
 from tarantella.timeline.session import merge_rank_files, rank_file
