@@ -15,7 +15,7 @@ serial-vs-distributed comparison.
 Random layers draw per position (one Dropout mask row per row of the batch):
 fed a reversed batch, they would give every sample another sample's values.
 So while the calibration step traces, every per-sample draw comes out with its
-rows reversed too (tarantella/keras/serial_random.py, rows_reversed): each
+rows reversed too (tarantella/step/serial_random.py, rows_reversed): each
 sample keeps its values and the calibration stays a pure reassociation, as
 the distributed run under serial semantics is. A model that still treats
 samples by position (its own stateful random ops, a layer reading the row

@@ -56,7 +56,7 @@ def _install_calibration(calibration: str) -> None:
     import keras
 
     from repro import calibration_step
-    from tarantella.keras import serial_random
+    from tarantella.step import serial_random
     from tarantella.keras.model import Model
 
     calibration_step.check_supported(calibration)
@@ -69,7 +69,7 @@ def _calibration_step(original_step):
     from repro import calibration_step
     from tarantella._repro import hook as repro_hook
     from tarantella.data import distributed_dataset
-    from tarantella.keras import serial_random
+    from tarantella.step import serial_random
 
     def step(self, data):
         with serial_random.rows_reversed(calibration_step.rows_of(data)):

@@ -9,12 +9,14 @@ The floors of the house, top to bottom; a room imports only rooms on its own flo
 strategies not each other (import-linter's contracts in pyproject.toml, tests/test_architecture.py):
   faces        keras (tnt.Model, save and load, callbacks: what a user touches), launcher (the command)
   strategies   pipeline, sharding (data parallelism still lives in keras/model.py)
-  shared       _repro (exact mode's step, the recorder), then data (input per rank)
+  shared       _repro (exact mode's step, the recorder), step (the pieces of a training step every strategy
+               uses: the step's collectives, gradient and metric reductions, serial random draws, global
+               BatchNormalization, empty micro-batches), data (input per rank)
   timeline     the trace of a run's steps and collectives, and its analysis
   runtime      runtime, collectives, tf_ops, config, errors, devices, ... over the C++ engine (_engine)
-Today 36 imports still run upward, listed in the contracts as debts (issue 40 §1): most reach from the
-strategies into keras/ for the step's shared pieces (graph_allreduce, in_graph_sum, serial_random, ...), which
-belong on the shared floor.
+Today 16 imports still run against their floor, listed in the contracts as debts (issue 40 §1): the
+strategies reach into keras/ for the SplitLayer, rank callbacks, optimizers and model copies, sharding into
+pipelining's stage state and channels, and deferred_build into pipelining.
 """
 from tarantella.runtime import (init, is_initialized, get_rank, get_size, get_master_rank,
                                 is_master_rank, shutdown)

@@ -1,5 +1,5 @@
 """The allreduces BatchNormalization's global statistics make per layer and step, in plain Python: the layer
-(tarantella/keras/global_batch_norm.py) follows this plan and the simulator (bench/simulate/step_model.py) charges it.
+(tarantella/step/global_batch_norm.py) follows this plan and the simulator (bench/simulate/step_model.py) charges it.
 
 Forward: every rank's (count, sum, squared deviations) of C channels gathered in ONE allreduce of N x (2C + 1)
 values while that is at most GATHERED_VALUES_LIMIT (16 Ki values, 64 KiB in float32); else, or with a mask,

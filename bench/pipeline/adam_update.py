@@ -4,7 +4,7 @@ csrc/tf/adam_update_op.cc), timed on one thread on a stage's variables.
     python -m bench.pipeline.adam_update [--widths 512,2048] [--rounds 3]
 
 Per width: Keras's `Adam.apply` on the kernels and biases of 4 Dense(W) layers (a stage of the 8-layer
-benchmark MLP at 2 stages), traced, with and without tarantella.keras.adam_in_one_pass; each timed over
+benchmark MLP at 2 stages), traced, with and without tarantella.step.adam_in_one_pass; each timed over
 calls adding up to about a second, the two alternating within each round; prints the median over the rounds.
 """
 import argparse
@@ -19,7 +19,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tarantella.keras.adam_in_one_pass import adam_in_one_pass  # noqa: E402
+from tarantella.step.adam_in_one_pass import adam_in_one_pass  # noqa: E402
 
 LAYERS = 4
 

@@ -6,7 +6,7 @@ results/pipeline_defaults/.
 
 Per model (8 x Dense(W), Adam) and global batch: serial on one TensorFlow thread (`tarantella -n 1` with
 TF_NUM_INTRAOP_THREADS=TF_NUM_INTEROP_THREADS=1), Keras's own and with the one-pass Adam update that
-pipelines take (tarantella/keras/adam_in_one_pass.py: the same bits, fewer passes over memory; the second
+pipelines take (tarantella/step/adam_in_one_pass.py: the same bits, fewer passes over memory; the second
 ratio to the ideal is against it, like for like), and a 2-stage 1F1B pipeline at M = 8 launched with
 `tarantella -n 2` and nothing else (the launcher's defaults: each rank its share of the threads and
 cores; program.py --launcher-threads), its model built in `tnt.deferred_weights()`, with weight

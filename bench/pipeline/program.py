@@ -65,7 +65,7 @@ import keras  # noqa: E402
 import tarantella as tnt  # noqa: E402
 from bench.machine import describe_machine, describe_software  # noqa: E402
 from tarantella import memory_budget  # noqa: E402
-from tarantella.keras.adam_in_one_pass import adam_in_one_pass  # noqa: E402
+from tarantella.step.adam_in_one_pass import adam_in_one_pass  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--mode", choices=["pipeline", "data", "serial"], required=True)
@@ -94,7 +94,7 @@ parser.add_argument("--records-out", default=None,
                          "times to this JSON file (to read where a step's idle time goes)")
 parser.add_argument("--adam-in-one-pass", action="store_true",
                     help="serial and data modes: Keras's Adam through tarantella's one-pass update, as pipelines "
-                         "take it (tarantella/keras/adam_in_one_pass.py): serial with the pipeline's update")
+                         "take it (tarantella/step/adam_in_one_pass.py): serial with the pipeline's update")
 args = parser.parse_args()
 MIB = 1024.0 * 1024.0
 

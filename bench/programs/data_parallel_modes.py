@@ -101,7 +101,7 @@ def main(argv=None) -> int:
             model = tnt.Model(model, overlap_communication=(args.mode != "tnt_no_overlap"),
                               batch_norm="local" if args.mode == "tnt_local_bn" else "global")
             if args.mode == "tnt_rank_draws":
-                from tarantella.keras import serial_random
+                from tarantella.step import serial_random
                 serial_random.uninstall()
         model.compile(optimizer=keras.optimizers.SGD(learning_rate=1e-3, momentum=0.9),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)

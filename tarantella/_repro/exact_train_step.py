@@ -1,6 +1,6 @@
 """The TensorFlow train step of exact mode (Note [Exact mode] in tarantella/_repro/exact_reduction.py).
 
-A drop-in for tarantella.keras.tf_steps.train_step: this rank's micro-batch is
+A drop-in for tarantella.step.tf_steps.train_step: this rank's micro-batch is
 cut into its V/P virtual micro-batches, each gets its own forward and backward
 pass, their gradients are added in the fixed pairwise tree, and the model's
 allreduce (which must be recursive doubling) adds the ranks' subtrees.
@@ -19,7 +19,7 @@ import tensorflow as tf
 from tarantella import runtime
 from tarantella._repro import exact_batch_norm, exact_reduction
 from tarantella.data import distributed_dataset
-from tarantella.keras import batch_position, serial_random, tf_steps
+from tarantella.step import batch_position, serial_random, tf_steps
 
 __all__ = ["VIRTUAL_BATCHES_VARIABLE", "virtual_batches_from_environment", "prepare", "train_step"]
 

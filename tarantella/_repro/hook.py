@@ -35,7 +35,7 @@ import numpy as np
 from tarantella._repro import reductions, weights as weight_records
 from tarantella._repro.protocol import (MAX_EPOCHS_VARIABLE, MAX_STEPS_VARIABLE, RECORD_VARIABLE, REFERENCE_VARIABLE,
                                         STORE_WEIGHTS_VARIABLE)
-from tarantella.keras import serial_random
+from tarantella.step import serial_random
 
 __all__ = ["note", "compute_dtypes", "RECORD_VARIABLE", "REFERENCE_VARIABLE", "STORE_WEIGHTS_VARIABLE",
            "MAX_STEPS_VARIABLE", "MAX_EPOCHS_VARIABLE", "extra_callbacks", "make_recorder", "rank_from_environment",

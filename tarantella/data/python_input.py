@@ -11,7 +11,7 @@ batches: each rank does about 1/N of the `__getitem__` work and receives about
 serial's order. A last group of fewer than N batches is read by its first
 ranks (the others read nothing and still receive their parts); a partial last
 batch gives the last ranks empty micro-batches (Note [Empty micro-batches] in
-tarantella/keras/empty_micro_batch.py). The batch order (shuffled per epoch
+tarantella/step/empty_micro_batch.py). The batch order (shuffled per epoch
 when fit's `shuffle` is true) comes from a seed shared by all ranks; the first
 batch is peeked at on the master only (for the element structure, as Keras
 peeks) and its structure broadcast.

@@ -4,7 +4,7 @@ Callbacks that write output (files, TensorBoard events, the progress bar) run
 on the master rank only, or on every rank with --output-on-all-devices. All
 others (EarlyStopping, LearningRateScheduler, ReduceLROnPlateau,
 TerminateOnNaN, user callbacks) run on every rank: they see the same global
-logs everywhere (tarantella/keras/metric_reduction.py), so every rank decides
+logs everywhere (tarantella/step/metric_reduction.py), so every rank decides
 the same way, e.g. stops in the same epoch.
 
 BackupAndRestore writes its backup from the master only (one writer per file);

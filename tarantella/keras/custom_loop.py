@@ -46,8 +46,8 @@ import tensorflow as tf
 
 from tarantella import collectives, runtime
 from tarantella.data import distributed_dataset, user_input
-from tarantella.keras import gradient_reduction, sparse_gradients
-from tarantella.keras.graph_allreduce import GraphAllreducer
+from tarantella.step import gradient_reduction, sparse_gradients
+from tarantella.step.graph_allreduce import GraphAllreducer
 from tarantella.pipeline import stage_state
 from tarantella.sharding import gathered_weights, update as sharding_update
 

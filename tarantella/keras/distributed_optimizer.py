@@ -28,7 +28,7 @@ from typing import Callable
 
 import keras
 
-from tarantella.keras import gradient_reduction
+from tarantella.step import gradient_reduction
 from tarantella.timeline import graph_marks
 
 __all__ = ["StepContext", "step_context", "distribute_optimizer", "optimizers_of", "unscaled_optimizer"]

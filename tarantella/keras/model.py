@@ -5,9 +5,9 @@
 
 Only public Keras extension points are used: this is a keras.Model subclass
 that wraps the user's model (`call` delegates to it) and overrides
-train/test/predict_step (tarantella/keras/tf_steps.py), fit/evaluate/predict
+train/test/predict_step (tarantella/step/tf_steps.py), fit/evaluate/predict
 (to shard the input, tarantella/data) and get_metrics_result (global metric
-values, tarantella/keras/metric_reduction.py).
+values, tarantella/step/metric_reduction.py).
 
 Note [What differs from serial training]
 Losses, gradients, updates and logged metrics are those of the global batch
@@ -46,10 +46,11 @@ from tarantella._repro import exact_train_step
 from tarantella._repro import hook as repro_hook
 from tarantella.data import distributed_dataset, order_check, serial_order, user_input
 from tarantella.keras import callbacks as rank_callbacks
-from tarantella.keras import class_weights, distributed_optimizer, metric_reduction, models, tf_steps, user_steps
-from tarantella.keras import batch_position, empty_micro_batch, global_batch_norm, gradient_reduction, serial_random
-from tarantella.keras.graph_allreduce import GraphAllreducer
-from tarantella.keras.in_graph_sum import InGraphSum
+from tarantella.keras import class_weights, distributed_optimizer, models, user_steps
+from tarantella.step import (batch_position, empty_micro_batch, global_batch_norm, gradient_reduction,
+                             metric_reduction, serial_random, tf_steps)
+from tarantella.step.graph_allreduce import GraphAllreducer
+from tarantella.step.in_graph_sum import InGraphSum
 from tarantella.keras.parallel_strategy import ParallelStrategy
 from tarantella.pipeline import stage_state
 from tarantella.sharding import checkpoint as sharding_checkpoint, gathered_weights

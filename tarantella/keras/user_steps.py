@@ -48,7 +48,7 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from tarantella.keras import batch_position, empty_micro_batch, metric_reduction, serial_random, tf_steps
+from tarantella.step import batch_position, empty_micro_batch, metric_reduction, serial_random, tf_steps
 from tarantella.keras.distributed_optimizer import StepContext, step_context
 
 __all__ = ["OVERRIDABLE", "overridden", "train_step", "test_step", "predict_step"]

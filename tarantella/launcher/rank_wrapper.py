@@ -111,7 +111,7 @@ Note [Thread defaults]
   in-graph sum does not hold the framework's thread] in
   csrc/engine/graph_allreducer.hpp), and the one blocking op, the sparse-gradient
   gather, waits for the step's transfers first (Note [A blocking gather waits for
-  the step's transfers] in tarantella/keras/sparse_gradients.py).
+  the step's transfers] in tarantella/step/sparse_gradients.py).
   A variable that is already set (in the launcher's environment or given with -x)
   is never changed.
 """

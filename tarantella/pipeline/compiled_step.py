@@ -34,7 +34,7 @@ step (`StepTrace`), from which the benchmark measures the bubble.
 
 Note [A pipeline's micro-batches and the layers that look at the batch]
 Each forward pass runs the stage's layers on one micro-batch, inside the
-position of its samples in the global batch (tarantella/keras/batch_position.py):
+position of its samples in the global batch (tarantella/step/batch_position.py):
 - random layers draw, for each sample, the values serial Keras draws for it
   (Note [Random values by sample, not by rank]): every micro-batch's call starts
   from the step's SeedGenerator states (serial_random.StepSeedStates), and the
@@ -72,7 +72,7 @@ import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
 from tarantella import tf_ops, timeline
-from tarantella.keras import batch_position, serial_random
+from tarantella.step import batch_position, serial_random
 from tarantella.pipeline.partition import Partition
 from tarantella.pipeline.schedules import BACKWARD, FORWARD, WEIGHT, Pass
 from tarantella.pipeline.topology import Placement

@@ -51,9 +51,10 @@ import tensorflow as tf
 from tarantella import collectives, runtime
 from tarantella._repro import exact_train_step
 from tarantella.data import distributed_dataset, serial_order
-from tarantella.keras import batch_position, distributed_optimizer, global_batch_norm, models, serial_random
 from tarantella.keras import callbacks as rank_callbacks
-from tarantella.keras.adam_in_one_pass import adam_in_one_pass
+from tarantella.keras import distributed_optimizer, models
+from tarantella.step import batch_position, global_batch_norm, serial_random
+from tarantella.step.adam_in_one_pass import adam_in_one_pass
 from tarantella.pipeline import channels as peer_channels
 from tarantella.pipeline import data as pipeline_data
 from tarantella.pipeline import stage_state

@@ -46,8 +46,8 @@ import logging
 import tensorflow as tf
 
 from tarantella import collectives, runtime, sharding
-from tarantella.keras.graph_allreduce import GraphAllreducer
-from tarantella.keras.in_graph_sum import InGraphSum
+from tarantella.step.graph_allreduce import GraphAllreducer
+from tarantella.step.in_graph_sum import InGraphSum
 from tarantella.pipeline.compiled_step import LAYER_LOSSES_TAG, StageStep
 from tarantella.pipeline.topology import Placement
 

@@ -19,8 +19,8 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella import collectives, runtime
-from tarantella.keras.graph_allreduce import GraphAllreducer
-from tarantella.keras.metric_reduction import graph_global_results, metric_variables, results_from_state
+from tarantella.step.graph_allreduce import GraphAllreducer
+from tarantella.step.metric_reduction import graph_global_results, metric_variables, results_from_state
 from tarantella.pipeline.compiled_step import LOGS_TAG, StageStep
 from tarantella.pipeline.topology import Placement
 

@@ -110,8 +110,8 @@ from keras.src.backend.common.stateless_scope import StatelessScope
 from keras.src.backend.common.variables import AutocastScope, get_autocast_scope
 
 from tarantella import collectives, deferred_build, runtime, tf_ops
-from tarantella.keras import sparse_gradients
-from tarantella.keras.graph_allreduce import unchained
+from tarantella.step import sparse_gradients
+from tarantella.step.graph_allreduce import unchained
 from tarantella.pipeline import channels as peer_channels, stage_state
 from tarantella.sharding.gradients_to_owners import GradientsToOwners
 from tarantella.sharding.owners import assign_owners, describe, variable_bytes
@@ -187,7 +187,7 @@ class WeightGathering:
     def summed_on_owners(self, gradients: list, variables: list) -> dict:
         """Traced, the same call on every rank: {id(variable): its gradient summed over the ranks} for the
         variables this rank owns. An Embedding's per-sample gradient stays sparse, every rank's slices in rank
-        order (Note [Sparse gradients stay sparse] in tarantella/keras/sparse_gradients.py); the others are
+        order (Note [Sparse gradients stay sparse] in tarantella/step/sparse_gradients.py); the others are
         summed on their owners as stage 2 sums them."""
         sparse = [i for i, g in enumerate(gradients) if sparse_gradients.is_per_sample(g)]
         dense = [i for i in range(len(gradients)) if i not in sparse]

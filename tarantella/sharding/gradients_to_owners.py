@@ -34,7 +34,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tarantella import runtime, tf_ops
-from tarantella.keras.graph_allreduce import unchained
+from tarantella.step.graph_allreduce import unchained
 from tarantella.sharding.send_counter import SendCounter
 from tarantella.sharding.spread_transfers import SpreadTransfers, data_token
 from tarantella.timeline import graph_marks

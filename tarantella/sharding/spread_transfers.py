@@ -42,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella import runtime, tf_ops
-from tarantella.keras.graph_allreduce import unchained
+from tarantella.step.graph_allreduce import unchained
 from tarantella.timeline import graph_marks
 
 __all__ = ["SpreadTransfers", "data_token"]

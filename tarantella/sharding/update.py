@@ -55,7 +55,7 @@ import tensorflow as tf
 from tarantella import config, runtime
 from tarantella.keras.distributed_optimizer import unscaled_optimizer
 from tarantella.pipeline import channels
-from tarantella.keras.in_graph_sum import InGraphSum
+from tarantella.step.in_graph_sum import InGraphSum
 from tarantella.sharding import checkpoint, gathered_weights
 from tarantella.sharding.gradients_to_owners import GradientsToOwners
 from tarantella.sharding.handoff import WeightHandoff

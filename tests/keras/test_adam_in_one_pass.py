@@ -1,11 +1,11 @@
-"""Keras's Adam in one pass (tarantella/keras/adam_in_one_pass.py): traced steps give Keras's own Adam's
+"""Keras's Adam in one pass (tarantella/step/adam_in_one_pass.py): traced steps give Keras's own Adam's
 variables and moments to the bit, and the op is used only where it is exact."""
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tarantella.keras.adam_in_one_pass import adam_in_one_pass, takes_adam_in_one_pass
+from tarantella.step.adam_in_one_pass import adam_in_one_pass, takes_adam_in_one_pass
 
 
 def gradients_of(rng, shapes, step):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tarantella.keras import batch_position, global_batch_norm
+from tarantella.step import batch_position, global_batch_norm
 
 
 # The world sizes the positions claim: 2 takes the gathered one-round-trip statistics (N x (2C + 1) values

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tarantella.keras import batch_position, serial_random
+from tarantella.step import batch_position, serial_random
 
 SEED = tf.constant([7, 11], tf.int32)
 DRAWS = {

@@ -8,7 +8,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
-from tarantella.keras import class_weights, empty_micro_batch, gradient_reduction, user_steps  # noqa: E402
+from tarantella.keras import class_weights, user_steps
+
+from tarantella.step import empty_micro_batch, gradient_reduction  # noqa: E402
 
 
 class OwnStep(keras.Model):

@@ -6,7 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella._repro import exact_batch_norm
-from tarantella.keras import batch_position, global_batch_norm
+from tarantella.step import batch_position, global_batch_norm
 
 
 def piece_position(rows: int, statistics):

@@ -11,7 +11,7 @@ import time
 import tensorflow as tf
 
 import tarantella as tnt
-from tarantella.keras.graph_allreduce import GraphAllreducer
+from tarantella.step.graph_allreduce import GraphAllreducer
 
 allreducer = GraphAllreducer([tf.TensorShape([10]), tf.TensorShape([10])], [tf.float32, tf.float32],
                              fusion_threshold_bytes=1 << 20)

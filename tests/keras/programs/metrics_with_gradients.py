@@ -1,5 +1,5 @@
 """Run on N ranks: the metric state reduced with the gradients (Note [Metric state rides with the
-gradients] in tarantella/keras/metric_reduction.py) against the separate reduction after them, and
+gradients] in tarantella/step/metric_reduction.py) against the separate reduction after them, and
 against serial Keras. Prints `RESULT <json>` per check; tests/keras/test_metrics_with_gradients.py reads them."""
 import json
 import os

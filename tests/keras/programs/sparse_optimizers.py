@@ -1,7 +1,7 @@
 """Run on N ranks: a model with token + position Embeddings (sparse gradients) trained with optimizers that
 apply sparse gradients slice by slice (Adam, RMSprop, Adagrad) by tnt.Model's fit,
 by a model's own train_step, and by a custom loop with tnt.reduce_gradients, each against serial Keras in
-this process (Note [Sparse gradients stay sparse] in tarantella/keras/sparse_gradients.py); one
+this process (Note [Sparse gradients stay sparse] in tarantella/step/sparse_gradients.py); one
 `RESULT <json>` line per check. tests/keras/test_own_training_logic.py reads them."""
 import os
 

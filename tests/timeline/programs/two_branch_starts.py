@@ -45,7 +45,7 @@ print("VARIABLES " + json.dumps(names), flush=True)
 # The traced graph (Note [Start and finish ops are not chained]): no start or finish op waits for another
 # allreduce op, all of them still must run (the function's control outputs), and the sums are right. In the
 # no-overlap mode every start waits for every tensor.
-from tarantella.keras.graph_allreduce import GraphAllreducer  # noqa: E402
+from tarantella.step.graph_allreduce import GraphAllreducer  # noqa: E402
 
 allreducer = GraphAllreducer([(4,)] * 3, [tf.float32] * 3, fusion_threshold_bytes=0)
 ALLREDUCE_OPS = ("TntStartAllreduce", "TntFinishAllreduce")

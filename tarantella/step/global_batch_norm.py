@@ -4,7 +4,7 @@ Note [BatchNormalization over the global batch]
 In training, Keras's BatchNormalization normalises with the mean and variance of
 the batch and moves its moving statistics towards them. Serial Keras sees the
 global batch; a rank sees its micro-batch. So, while tarantella traces a
-data-parallel step (tarantella/keras/batch_position.py), every
+data-parallel step (tarantella/step/batch_position.py), every
 BatchNormalization layer computes its moments over the global batch:
   1. each rank sums its samples (and counts them; a rank running only an empty
      micro-batch's placeholder counts 0), one allreduce gives the global sum
@@ -62,7 +62,7 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella import batch_norm_allreduces
-from tarantella.keras import batch_position
+from tarantella.step import batch_position
 
 __all__ = ["install", "global_moments"]
 

@@ -1,5 +1,5 @@
 """An in-graph sum over the ranks (TntAllreduceSum), with its gradient, for small tensors that an op
-needs before it can go on: BatchNormalization's global statistics (tarantella/keras/global_batch_norm.py).
+needs before it can go on: BatchNormalization's global statistics (tarantella/step/global_batch_norm.py).
 
 Every rank must run these ops in one order. tf.function runs the stateful ops of a step that touch no
 resource one after another in creation order, and every rank creates the same ops in the same order (same

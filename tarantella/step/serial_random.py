@@ -53,7 +53,7 @@ import tensorflow as tf
 from tensorflow.python.ops import gen_stateless_random_ops_v2 as _generated
 
 from tarantella import runtime
-from tarantella.keras import batch_position
+from tarantella.step import batch_position
 
 __all__ = ["install", "uninstall", "warn_unrecognised", "rows_reversed", "unmatched", "StepSeedStates"]
 

@@ -2,8 +2,8 @@
 
 While tarantella traces a step (train, test or predict, data parallel), `current()` says which rows of the
 global batch this rank runs: serial semantics need it where a layer's result depends on the other samples
-of the batch or on a sample's position in it (tarantella/keras/serial_random.py draws each sample's random
-values at its serial position; tarantella/keras/global_batch_norm.py normalises with the global batch's
+of the batch or on a sample's position in it (tarantella/step/serial_random.py draws each sample's random
+values at its serial position; tarantella/step/global_batch_norm.py normalises with the global batch's
 statistics). Outside such a trace (plain Keras, eager calls, tf.data functions) `current()` is None and
 those layers behave as Keras's own.
 """

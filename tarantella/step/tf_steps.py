@@ -21,8 +21,8 @@ import keras
 import tensorflow as tf
 
 from tarantella.data import distributed_dataset
-from tarantella.keras import batch_position, empty_micro_batch, metric_reduction, serial_random
-from tarantella.keras.gradient_reduction import dense_gradients  # noqa: F401  (exact mode imports it from here)
+from tarantella.step import batch_position, empty_micro_batch, metric_reduction, serial_random
+from tarantella.step.gradient_reduction import dense_gradients  # noqa: F401  (exact mode imports it from here)
 from tarantella.timeline import graph_marks
 
 __all__ = ["unpack", "train_step", "test_step", "predict_step", "with_positions"]

@@ -21,7 +21,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from tarantella.keras import sparse_gradients
+from tarantella.step import sparse_gradients
 from tarantella.timeline import graph_marks
 
 __all__ = ["dense_gradients", "weighted_sum"]
