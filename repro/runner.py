@@ -17,7 +17,8 @@ Note [Harness-side wiring]
 tnt.Model.fit adds tarantella._repro.hook.extra_callbacks() itself. This runner
 also wraps keras.Model.fit so that scripts training a plain Keras model (serial
 references) are recorded too; a process makes at most one recorder, so the two
-never record twice. The calibration run's reversed batches exist only here: the
+never record twice. The wrapper also builds a plain Keras model's optimizer
+before its first step is traced, as tnt.Model does (one trace instead of two). The calibration run's reversed batches exist only here: the
 runner wraps tnt.Model.train_step and keras.Model.train_step (a plain Keras
 script's serial reference) in the harness's own process.
 """
@@ -32,17 +33,22 @@ from repro import wrap
 __all__ = ["main"]
 
 
-def _install_recorder_fallback() -> None:
+def wrap_keras_fit(record: bool) -> None:
+    """keras.Model.fit of a plain Keras model builds its optimizer before Keras's train step is traced
+    (tarantella/step/optimizers.py: the step is traced once instead of twice, and trains bitwise the same), and
+    with `record` the recorder joins it (Note [Harness-side wiring]). tests/rank_runner.py wraps it alike."""
     import keras
 
     from tarantella._repro import hook as repro_hook
+    from tarantella.step import optimizers
 
     original_fit = keras.Model.fit
     if getattr(original_fit, "tnt_repro_wrapped", False):
         return
 
     def fit(self, *args, callbacks=None, **kwargs):
-        extra = repro_hook.extra_callbacks()
+        optimizers.build_for_keras_train_step(self)
+        extra = repro_hook.extra_callbacks() if record else []
         if extra:
             callbacks = list(callbacks.callbacks if isinstance(callbacks, keras.callbacks.CallbackList)
                              else callbacks or []) + extra
@@ -94,8 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                                         int(os.environ.get("TF_NUM_INTEROP_THREADS", 2)))
     else:
         determinism.apply_from_environment()
-    if os.environ.get("TNT_REPRO_RECORD"):
-        _install_recorder_fallback()
+    wrap_keras_fit(record=bool(os.environ.get("TNT_REPRO_RECORD")))
     if os.environ.get(wrap.WRAP_VARIABLE) == "1":
         wrap.install()
     if os.environ.get("TNT_REPRO_CALIBRATE"):

@@ -11,12 +11,13 @@ strategies not each other (import-linter's contracts in pyproject.toml, tests/te
   strategies   pipeline, sharding (data parallelism still lives in keras/model.py)
   shared       _repro (exact mode's step, the recorder), step (the pieces of a training step every strategy
                uses: the step's collectives, gradient and metric reductions, serial random draws, global
-               BatchNormalization, empty micro-batches), data (input per rank)
+               BatchNormalization, empty micro-batches, which callbacks run on which rank, what a strategy
+               asks of an optimizer), data (input per rank)
   timeline     the trace of a run's steps and collectives, and its analysis
-  runtime      runtime, collectives, tf_ops, config, errors, devices, ... over the C++ engine (_engine)
-Today 16 imports still run against their floor, listed in the contracts as debts (issue 40 §1): the
-strategies reach into keras/ for the SplitLayer, rank callbacks, optimizers and model copies, sharding into
-pipelining's stage state and channels, and deferred_build into pipelining.
+  runtime      runtime, collectives, channels (point to point), stage_state (released variables), tf_ops,
+               config, errors, devices, ... over the C++ engine (_engine)
+One import still runs against its floor, listed in the contracts as a debt (issue 40 §1): pipelining's
+replicas of a stage share its optimizer state through sharding's update (pipeline.step_collectives).
 """
 from tarantella.runtime import (init, is_initialized, get_rank, get_size, get_master_rank,
                                 is_master_rank, shutdown)

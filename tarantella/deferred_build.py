@@ -11,7 +11,7 @@ memory could not be built at all). Inside `deferred_weights()` (Keras's own Stat
 variables uninitialised: `_value` None, `_initializer` kept, the state Keras gives variables for JAX's
 stateless tracing) the model is built with shapes, names, layers and config as usual and no storage. The
 wrapper then initialises only what this rank holds (`initialize`) and leaves the rest released
-(Note [Releasing a variable] in tarantella/pipeline/stage_state.py); tnt.Model's data parallelism
+(Note [Releasing a variable] in tarantella/stage_state.py); tnt.Model's data parallelism
 initialises everything.
 Initial values equal serial Keras's: Keras draws an initializer's seed when the initializer is made (from
 Python's `random`, which keras.utils.set_random_seed seeds), not when it runs, and its draws are stateless
@@ -28,8 +28,7 @@ import contextlib
 from keras.src.backend.common import global_state
 from keras.src.backend.common.stateless_scope import StatelessScope, in_stateless_scope
 
-from tarantella import collectives, runtime
-from tarantella.pipeline import stage_state
+from tarantella import collectives, runtime, stage_state
 
 __all__ = ["deferred_weights", "is_deferred", "initialize", "take_master_seeds", "initialize_all"]
 

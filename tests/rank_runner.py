@@ -19,6 +19,11 @@ Between programs the runner puts back what a program may change for the whole pr
 program would otherwise inherit: Keras's float type, dtype policy and image data format, TensorFlow's op
 determinism and Grappler's options, the environment, the modules imported from the program's own
 directory (two directories may hold helpers of the same name), and Keras's global state (clear_session).
+
+A program that trains with Keras gets keras.Model.fit wrapped as tnt-repro's runs have it
+(repro/runner.py wrap_keras_fit): a plain Keras model's optimizer is built before its train step is traced,
+so that the serial references trace their step once instead of twice, with the same result to the bit
+(tests/keras/test_training_logic_units.py checks it); tnt.Model does the same for its own step.
 """
 import gc
 import json
@@ -104,9 +109,18 @@ def _op_determinism() -> bool:
     return config.is_op_determinism_enabled()
 
 
+def _trains_with_keras(path: str) -> bool:
+    """Whether the program names Keras (importing it for one that does not would cost seconds)."""
+    with open(path, encoding="utf-8") as source:
+        return "keras" in source.read()
+
+
 def run(programs: list[list[str]]) -> None:
     for name, path, *args in programs:
         directory = os.path.dirname(os.path.abspath(path))
+        if _trains_with_keras(path):
+            from repro.runner import wrap_keras_fit
+            wrap_keras_fit(record=False)
         state = _ProcessState()
         sys.argv = [path, *args]
         sys.path.insert(0, directory)

@@ -127,7 +127,7 @@ def build() -> keras.Model:
 
 
 def state_bytes(variables) -> int:
-    from tarantella.pipeline import stage_state
+    from tarantella import stage_state
     return stage_state.held_bytes(variables)
 
 

@@ -36,7 +36,7 @@ import keras
 
 import tarantella as tnt
 from tarantella import memory_budget
-from tarantella.pipeline import stage_state
+from tarantella import stage_state
 from bench.sharding import models
 
 parser = argparse.ArgumentParser()

@@ -1,6 +1,6 @@
 /* The peer channels' C interface for the TensorFlow face (csrc/tf/p2p_ops.cc):
  * post a send or a receive on the channels with a given id (PeerChannels::id,
- * `tarantella.pipeline.channels`' `.id` in Python) and get a callback when it
+ * `tarantella.channels`' `.id` in Python) and get a callback when it
  * is done. Plain C types only, as c_api.h. Both return 0 once the transfer is
  * queued (then `done` runs exactly once: with NULL on success or the error
  * text, on the channels' progress thread or the caller's), or non-zero with

@@ -44,11 +44,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella import collectives, runtime
+from tarantella import collectives, runtime, stage_state
 from tarantella.data import distributed_dataset, user_input
 from tarantella.step import gradient_reduction, sparse_gradients
 from tarantella.step.graph_allreduce import GraphAllreducer
-from tarantella.pipeline import stage_state
 from tarantella.sharding import gathered_weights, update as sharding_update
 
 __all__ = ["distribute_dataset", "reduce_gradients", "broadcast_variables", "shard_weights", "gathered_gradients"]

@@ -31,7 +31,7 @@ import keras
 from tarantella.step import gradient_reduction
 from tarantella.timeline import graph_marks
 
-__all__ = ["StepContext", "step_context", "distribute_optimizer", "optimizers_of", "unscaled_optimizer"]
+__all__ = ["StepContext", "step_context", "distribute_optimizer"]
 
 _local = threading.local()
 
@@ -98,18 +98,3 @@ def distribute_optimizer(optimizer: keras.optimizers.Optimizer) -> keras.optimiz
     optimizer.apply = apply
     optimizer._tnt_distributed = True
     return optimizer
-
-
-def optimizers_of(model: keras.Model) -> list:
-    """The model's optimizer and every optimizer held in one of its attributes (a GAN's two), each once.
-    A LossScaleOptimizer counts as one (its apply calls its inner optimizer's)."""
-    found = []
-    for candidate in [getattr(model, "optimizer", None)] + list(vars(model).values()):
-        if isinstance(candidate, keras.optimizers.Optimizer) and all(candidate is not f for f in found):
-            found.append(candidate)
-    return found
-
-
-def unscaled_optimizer(optimizer):
-    """The optimizer that applies the unscaled gradients: a LossScaleOptimizer's inner one, else itself."""
-    return getattr(optimizer, "inner_optimizer", optimizer)

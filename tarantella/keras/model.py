@@ -41,20 +41,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella import collectives, deferred_build, runtime, sharding
+from tarantella import collectives, deferred_build, runtime, sharding, stage_state, timeline
 from tarantella._repro import exact_train_step
 from tarantella._repro import hook as repro_hook
 from tarantella.data import distributed_dataset, order_check, serial_order, user_input
-from tarantella.keras import callbacks as rank_callbacks
 from tarantella.keras import class_weights, distributed_optimizer, models, user_steps
+from tarantella.keras.parallel_strategy import ParallelStrategy
+from tarantella.sharding import checkpoint as sharding_checkpoint, gathered_weights
 from tarantella.step import (batch_position, empty_micro_batch, global_batch_norm, gradient_reduction,
-                             metric_reduction, serial_random, tf_steps)
+                             metric_reduction, optimizers, rank_callbacks, serial_random, tf_steps)
 from tarantella.step.graph_allreduce import GraphAllreducer
 from tarantella.step.in_graph_sum import InGraphSum
-from tarantella.keras.parallel_strategy import ParallelStrategy
-from tarantella.pipeline import stage_state
-from tarantella.sharding import checkpoint as sharding_checkpoint, gathered_weights
-from tarantella import timeline
 from tarantella.timeline import overlap, step_events
 
 __all__ = ["Model"]
@@ -363,7 +360,7 @@ class Model(keras.Model):
     def _distribute_own_optimizers(self) -> None:
         """The wrapped model's optimizers reduce their gradients, sharded with shard="optimizer" (the sharded apply
         below the reduction)."""
-        for optimizer in distributed_optimizer.optimizers_of(self._model):
+        for optimizer in optimizers.optimizers_of(self._model):
             if self._is_sharded():
                 sharding.shard_optimizer(optimizer, mode=self.shard)
             distributed_optimizer.distribute_optimizer(optimizer)
@@ -374,11 +371,11 @@ class Model(keras.Model):
         if sharded and isinstance(optimizer, keras.optimizers.Optimizer) and optimizer.built:
             # A loaded model's optimizer holds every variable's state: the sharded one is a new copy, built on this
             # rank's variables, that takes this rank's part of that state at the first fit.
-            self._loaded_optimizer, optimizer = optimizer, models.unbuilt_copy(optimizer)
+            self._loaded_optimizer, optimizer = optimizer, optimizers.unbuilt_copy(optimizer)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False, **kwargs)
         # The wrapped model is compiled alike so that its saved file is complete: sharing the optimizer, or, when
         # sharded, with an unbuilt copy that gets every rank's state only to be saved (save()).
-        self._model.compile(optimizer=models.unbuilt_copy(self.optimizer) if sharded else self.optimizer, loss=loss,
+        self._model.compile(optimizer=optimizers.unbuilt_copy(self.optimizer) if sharded else self.optimizer, loss=loss,
                             metrics=metrics, jit_compile=False, **kwargs)
         if sharded:
             # built on this rank's share before the first step (_prepare)
@@ -644,23 +641,10 @@ class Model(keras.Model):
             self._build_sharded_optimizer()
 
     def _build_optimizer_before_the_step_is_traced(self) -> None:
-        """Note [The optimizer is built before the step is traced]
-        A tf.function that creates variables in its first trace is traced a second time (TensorFlow lifts the
-        variables' initializers out, then traces the function again without them), and an optimizer left
-        unbuilt creates its slots in its first apply, inside the traced train step: Keras itself defers the
-        build to that point when no tf.distribute strategy is set ("backwards compatibility"; under one it
-        builds first, in _symbolic_build). Tracing is most of a small model's first step, so tarantella's own
-        train step builds the optimizer just before, as that first apply would (the same variables, names and
-        zeros): measured, tests/keras/programs/sharded_optimizer.py at one rank traces 57 train steps instead
-        of 83 (the rest are serial Keras's and own train_steps') and takes 33.5 s instead of 44.1. A model's
-        own train_step is left to build its optimizers itself: it may apply them to other variables than the
-        model's (a GAN's two optimizers)."""
-        if self._own_logic or not self.compiled or self.optimizer is None or self.optimizer.built:
-            return
-        optimizer = self.optimizer
-        with keras.name_scope(optimizer.name, caller=optimizer):
-            optimizer.build(self.trainable_variables)
-        optimizer.built = True
+        """Keras's own train step applies the optimizer to the trainable variables (Note [The optimizer is built
+        before the step is traced] in tarantella/step/optimizers.py)."""
+        if not self._own_logic and self.compiled:
+            optimizers.build_before_tracing(self.optimizer, self.trainable_variables)
 
     def _build_sharded_optimizer(self) -> None:
         """Collectively, once per compile: build the optimizer on this rank's share of the variables (Note [A

@@ -5,7 +5,7 @@ import keras
 
 from tarantella.keras.parallel_strategy import ParallelStrategy
 
-__all__ = ["load_model", "compile_like", "unbuilt_copy"]
+__all__ = ["load_model", "compile_like"]
 
 
 def compile_like(distributed, model: keras.Model) -> None:
@@ -13,19 +13,6 @@ def compile_like(distributed, model: keras.Model) -> None:
     config = keras.saving.deserialize_keras_object(model.get_compile_config() or {})
     config["optimizer"] = model.optimizer
     distributed.compile(**config)
-
-
-def unbuilt_copy(optimizer):
-    """A new optimizer configured as `optimizer`, without its state (the whole model's optimizer that a pipeline
-    stage or a sharded rank writes into when saving). Keras's config leaves out the weight-decay exclusions
-    (exclude_from_weight_decay), which the copy keeps."""
-    copy = optimizer.__class__.from_config(optimizer.get_config())
-    for source, target in ((optimizer, copy), (getattr(optimizer, "inner_optimizer", None),
-                                               getattr(copy, "inner_optimizer", None))):
-        for name in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
-            if source is not None and hasattr(source, name):
-                setattr(target, name, getattr(source, name))
-    return copy
 
 
 def load_model(filepath, custom_objects=None, compile=True, parallel_strategy=ParallelStrategy.DATA,

@@ -7,11 +7,11 @@ model), optionally with data-parallel replicas of every stage.
     x = SplitLayer()(x)                                   # a cut point in the functional model
     model = tnt.pipeline.make_pipelined_model(model, num_micro_batches=4, schedule="1f1b")
 
-Files: partition.py (stages, crossing tensors), cut.py and balance.py (where
-to cut), topology.py (rank -> replica, stage), schedules.py (GPipe, 1F1B),
-compiled_step.py (one step on one rank, traced, with in-graph transfers),
-stage_state.py (each rank keeps only its stage; gather on save), pipelined_model.py
-(the keras.Model), channels.py (the engine's point-to-point channels, Python face).
+Files: split_layer.py (the cut point), partition.py (stages, crossing tensors), cut.py and
+balance.py (where to cut), topology.py (rank -> replica, stage), schedules.py (GPipe, 1F1B),
+compiled_step.py (one step on one rank, traced, with in-graph transfers), pipelined_model.py
+(the keras.Model). Beneath, shared with sharding: tarantella/stage_state.py (each rank keeps
+only its stage; gather on save) and tarantella/channels.py (the engine's point-to-point channels).
 """
 from __future__ import annotations
 
@@ -66,6 +66,6 @@ def __getattr__(name):
         from tarantella.pipeline.pipelined_model import PipelinedModel
         return PipelinedModel
     if name == "SplitLayer":
-        from tarantella.keras.layers import SplitLayer
+        from tarantella.pipeline.split_layer import SplitLayer
         return SplitLayer
     raise AttributeError(f"module 'tarantella.pipeline' has no attribute {name!r}")

@@ -6,7 +6,7 @@ import logging
 import keras
 
 from tarantella import collectives, runtime
-from tarantella.keras.layers import SplitLayer
+from tarantella.pipeline.split_layer import SplitLayer
 from tarantella.pipeline import balance
 from tarantella.pipeline.partition import Graph, stages_from_split_layers
 

@@ -21,7 +21,7 @@ import dataclasses
 
 import keras
 
-from tarantella.keras.layers import SplitLayer, check_single_tensor
+from tarantella.pipeline.split_layer import SplitLayer, check_single_tensor
 
 __all__ = ["Edge", "StagePlan", "Partition", "graph_of", "stages_from_split_layers", "partition"]
 

@@ -48,16 +48,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella import collectives, runtime
+from tarantella import channels as peer_channels, collectives, runtime, stage_state
 from tarantella._repro import exact_train_step
 from tarantella.data import distributed_dataset, serial_order
-from tarantella.keras import callbacks as rank_callbacks
-from tarantella.keras import distributed_optimizer, models
-from tarantella.step import batch_position, global_batch_norm, serial_random
-from tarantella.step.adam_in_one_pass import adam_in_one_pass
-from tarantella.pipeline import channels as peer_channels
 from tarantella.pipeline import data as pipeline_data
-from tarantella.pipeline import stage_state
+from tarantella.step import batch_position, global_batch_norm, optimizers, rank_callbacks, serial_random
+from tarantella.step.adam_in_one_pass import adam_in_one_pass
 from tarantella.pipeline.cut import choose_stages
 from tarantella.pipeline.partition import graph_of, partition
 from tarantella.pipeline.schedules import (FORWARD, Pass, check_micro_batches, deferred_schedule,
@@ -203,12 +199,12 @@ class PipelinedModel(keras.Model):
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, run_eagerly=True, jit_compile=False,
                         **kwargs)
         # The whole model is compiled alike, with its own (unbuilt) optimizer, so its saved file is complete.
-        whole_optimizer = models.unbuilt_copy(self.optimizer)
+        whole_optimizer = optimizers.unbuilt_copy(self.optimizer)
         self._user.model.compile(optimizer=whole_optimizer, loss=loss, metrics=metrics, **kwargs)
         self._step_functions = {}
         self._step_logs.forget_names()
         # Note [One model across the stages]: the norm for global_clipnorm is the whole model's.
-        clipping = distributed_optimizer.unscaled_optimizer(self.optimizer)
+        clipping = optimizers.unscaled_optimizer(self.optimizer)
         self._global_clipnorm = clipping.global_clipnorm if self.placement.num_stages > 1 else None
         if self._global_clipnorm:
             clipping.global_clipnorm = None

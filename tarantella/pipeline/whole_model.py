@@ -1,7 +1,7 @@
 """The user's unpartitioned model across the stages: whose weights live where, and gathering them.
 
 Every rank builds the whole model, then keeps only its stage's weights (the others are released: Note
-[Releasing a variable] in stage_state.py; a model built in tnt.deferred_weights() never gives the others
+[Releasing a variable] in tarantella/stage_state.py; a model built in tnt.deferred_weights() never gives the others
 storage: Note [Models built without storage] in tarantella/deferred_build.py). This class answers for the
 whole model: every rank starts from the master's weights, any rank can get all weights (a collective),
 and the master can be given every stage's weights and optimizer state to write one ordinary `.keras`
@@ -12,8 +12,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from tarantella import collectives, deferred_build, runtime
-from tarantella.pipeline import stage_state
+from tarantella import collectives, deferred_build, runtime, stage_state
 from tarantella.pipeline.partition import Partition
 from tarantella.pipeline.topology import Placement
 
@@ -69,7 +68,7 @@ class WholeModel:
         self.release_other_stages()  # the other stages' deferred weights too: they never get storage
 
     def release_other_stages(self) -> None:
-        """Keep only this stage's weights (Note [Releasing a variable] in stage_state.py)."""
+        """Keep only this stage's weights (Note [Releasing a variable] in tarantella/stage_state.py)."""
         for variable in self._other_stages_weights():
             stage_state.release(variable)
 

@@ -40,8 +40,8 @@ import contextlib
 import keras
 import numpy as np
 
-from tarantella import collectives, runtime
-from tarantella.pipeline import stage_state
+from tarantella import collectives, runtime, stage_state
+from tarantella.step.optimizers import optimizers_of, unbuilt_copy
 
 __all__ = ["gathered_on_master", "prepare_to_load", "take_share", "release", "share_from_master",
            "built_sharded_optimizers", "own_optimizers_gathered_on_master", "read_own_whole",
@@ -122,8 +122,7 @@ def _replaced(model, replacements: dict):
 
 def built_sharded_optimizers(model) -> list:
     """The sharded optimizers of `model` that are built, each once, in the order every rank finds them in
-    (distributed_optimizer.optimizers_of, which also shards them in that order)."""
-    from tarantella.keras.distributed_optimizer import optimizers_of
+    (optimizers_of, which also shards them in that order)."""
     from tarantella.sharding.update import sharding_of
     return [o for o in optimizers_of(model) if sharding_of(o) is not None]
 
@@ -133,7 +132,6 @@ def own_optimizers_gathered_on_master(model):
     """Collective (Note [Saving a model with its own training logic, sharded]): within, the master's `model`
     holds, in place of each built sharded optimizer, a whole copy with every rank's state; yields whether this
     rank is the master, the one that writes."""
-    from tarantella.keras.models import unbuilt_copy
     from tarantella.sharding.update import sharding_of
     with contextlib.ExitStack() as stack:
         wholes = {}
@@ -151,7 +149,6 @@ def read_own_whole(model, read) -> list:
     copy with storage for all its variables (Note [Saving a model with its own training logic, sharded]); returns
     [(sharded optimizer, whole copy holding what was read)], for `take_share` or `share_from_master`. An optimizer
     not built yet stays: Keras skips its state with a warning, as for serial Keras's."""
-    from tarantella.keras.models import unbuilt_copy
     from tarantella.sharding.update import sharding_of
     pairs = []
     for optimizer in built_sharded_optimizers(model):
@@ -166,7 +163,6 @@ def take_share_when_built(model) -> None:
     """For a loaded model with its own training logic about to be sharded (Note [Saving a model with its own
     training logic, sharded]): each optimizer attribute built with a file's whole state is replaced by an unbuilt
     copy, which takes its own share of that state once it is built (sharding's build calls `pending_share`)."""
-    from tarantella.keras.models import unbuilt_copy
     copies = {}
     for name, value in list(vars(model).items()):
         if isinstance(value, keras.optimizers.Optimizer) and value.built and not getattr(value, "_tnt_shards", False):

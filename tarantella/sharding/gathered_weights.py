@@ -4,7 +4,7 @@ for its forward pass, gathered again for its backward pass, and freed after each
 Note [Weights gathered layer by layer]
 Each trainable variable belongs, whole, to one rank (Note [Whole variables to
 owners, balanced by bytes] in owners.py); the other ranks release it
-(Note [Releasing a variable] in tarantella/pipeline/stage_state.py), or never
+(Note [Releasing a variable] in tarantella/stage_state.py), or never
 give it storage when the model was built in tnt.deferred_weights(). The
 model's units (its top-level layers, and the layers of nested Functional and
 Sequential models) each run their `call` as one differentiable function of
@@ -109,10 +109,9 @@ import tensorflow as tf
 from keras.src.backend.common.stateless_scope import StatelessScope
 from keras.src.backend.common.variables import AutocastScope, get_autocast_scope
 
-from tarantella import collectives, deferred_build, runtime, tf_ops
+from tarantella import channels as peer_channels, collectives, deferred_build, runtime, stage_state, tf_ops
 from tarantella.step import sparse_gradients
 from tarantella.step.graph_allreduce import unchained
-from tarantella.pipeline import channels as peer_channels, stage_state
 from tarantella.sharding.gradients_to_owners import GradientsToOwners
 from tarantella.sharding.owners import assign_owners, describe, variable_bytes
 from tarantella.sharding.send_counter import SendCounter

@@ -52,10 +52,9 @@ import logging
 import keras
 import tensorflow as tf
 
-from tarantella import config, runtime
-from tarantella.keras.distributed_optimizer import unscaled_optimizer
-from tarantella.pipeline import channels
+from tarantella import channels, config, runtime
 from tarantella.step.in_graph_sum import InGraphSum
+from tarantella.step.optimizers import unscaled_optimizer
 from tarantella.sharding import checkpoint, gathered_weights
 from tarantella.sharding.gradients_to_owners import GradientsToOwners
 from tarantella.sharding.handoff import WeightHandoff

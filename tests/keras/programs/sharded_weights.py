@@ -23,7 +23,7 @@ import tensorflow as tf
 import tarantella as tnt
 from optimizer_set_ups import SET_UPS
 from own_train_step import OwnStep, TwoOptimizers
-from tarantella.pipeline import stage_state
+from tarantella import stage_state
 
 tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
 

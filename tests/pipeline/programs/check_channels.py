@@ -4,7 +4,7 @@ in a TimeoutError naming the peer. Each check prints "OK <name>"."""
 import numpy as np
 
 import tarantella as tnt
-from tarantella.pipeline import channels as peer
+from tarantella import channels as peer
 
 rank, size = tnt.get_rank(), tnt.get_size()
 assert size % 2 == 0, "run on an even number of ranks"

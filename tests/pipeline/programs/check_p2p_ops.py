@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import tarantella as tnt
 from tarantella import tf_ops
-from tarantella.pipeline import channels as peer
+from tarantella import channels as peer
 
 rank, size = tnt.get_rank(), tnt.get_size()
 assert size == 2, "run on 2 ranks"

@@ -18,7 +18,8 @@ import numpy as np
 
 import tarantella as tnt
 from tarantella.keras.layers import SplitLayer
-from tarantella.pipeline import load_model, make_pipelined_model, stage_state
+from tarantella import stage_state
+from tarantella.pipeline import load_model, make_pipelined_model
 
 RTOL, ATOL = 1e-5, 1e-6
 rank = tnt.get_rank()

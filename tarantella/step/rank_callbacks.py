@@ -29,8 +29,8 @@ import tempfile
 import keras
 import numpy as np
 
-from tarantella import collectives, runtime
-from tarantella.pipeline import stage_state
+from tarantella import collectives, runtime, stage_state
+from tarantella.step.optimizers import optimizers_of
 
 __all__ = ["OUTPUT_CALLBACKS", "output_on_this_rank", "callbacks_for_this_rank", "verbosity_for_this_rank"]
 
@@ -125,7 +125,6 @@ class BackupAndRestoreFromMaster(keras.callbacks.Callback):
 
 def _state_variables(model, with_optimizers: bool = True) -> list:
     """Everything a backup restores: the model's variables and (with_optimizers) its optimizers' (each once)."""
-    from tarantella.keras.distributed_optimizer import optimizers_of
     wrapped = getattr(model, "wrapped_model", model)
     optimizers = optimizers_of(wrapped) + optimizers_of(model) if with_optimizers else []
     variables, seen = [], set()
