@@ -18,9 +18,10 @@ tnt.Model.fit adds tarantella._repro.hook.extra_callbacks() itself. This runner
 also wraps keras.Model.fit so that scripts training a plain Keras model (serial
 references) are recorded too; a process makes at most one recorder, so the two
 never record twice. The wrapper also builds a plain Keras model's optimizer
-before its first step is traced, as tnt.Model does (one trace instead of two). The calibration run's reversed batches exist only here: the
-runner wraps tnt.Model.train_step and keras.Model.train_step (a plain Keras
-script's serial reference) in the harness's own process.
+before its first step is traced, as tnt.Model does (one trace instead of two).
+The calibration run's reversed batches exist only here: the runner wraps
+tnt.Model.train_step and keras.Model.train_step (a plain Keras script's serial
+reference) in the harness's own process.
 """
 from __future__ import annotations
 

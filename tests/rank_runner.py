@@ -23,7 +23,7 @@ directory (two directories may hold helpers of the same name), and Keras's globa
 A program that trains with Keras gets keras.Model.fit wrapped as tnt-repro's runs have it
 (repro/runner.py wrap_keras_fit): a plain Keras model's optimizer is built before its train step is traced,
 so that the serial references trace their step once instead of twice, with the same result to the bit
-(tests/keras/test_training_logic_units.py checks it); tnt.Model does the same for its own step.
+(tests/keras/test_optimizer_built_first.py checks it); tnt.Model does the same for its own step.
 """
 import gc
 import json

@@ -375,8 +375,8 @@ class Model(keras.Model):
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False, **kwargs)
         # The wrapped model is compiled alike so that its saved file is complete: sharing the optimizer, or, when
         # sharded, with an unbuilt copy that gets every rank's state only to be saved (save()).
-        self._model.compile(optimizer=optimizers.unbuilt_copy(self.optimizer) if sharded else self.optimizer, loss=loss,
-                            metrics=metrics, jit_compile=False, **kwargs)
+        self._model.compile(optimizer=optimizers.unbuilt_copy(self.optimizer) if sharded else self.optimizer,
+                            loss=loss, metrics=metrics, jit_compile=False, **kwargs)
         if sharded:
             # built on this rank's share before the first step (_prepare)
             sharding.shard_model_optimizer(self.optimizer, mode=self.shard)

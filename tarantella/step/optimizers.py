@@ -45,11 +45,11 @@ def build_before_tracing(optimizer, variables) -> None:
     _symbolic_build). Tracing is most of a small model's first step, so a train step whose optimizer applies to
     `variables` (the model's trainable variables, in Keras's own train step) has it built just before, as that
     first apply would: the same variables, names and zeros, so training is bitwise the same
-    (tests/keras/test_training_logic_units.py). Used by tnt.Model's own train step (measured:
+    (tests/keras/test_optimizer_built_first.py). Used by tnt.Model's own train step (measured:
     tests/keras/programs/sharded_optimizer.py at one rank traces 57 train steps instead of 83 and takes 33.5 s
-    instead of 44.1) and by tnt-repro's serial runs of plain Keras (repro/runner.py). A model's own train_step
-    is left to build its optimizers itself: it may apply them to other variables than the model's (a GAN's
-    two optimizers)."""
+    instead of 44.1) and by the serial runs of plain Keras in tnt-repro and the test launches (repro/runner.py
+    wrap_keras_fit). A model's own train_step is left to build its optimizers itself: it may apply them to other
+    variables than the model's (a GAN's two optimizers)."""
     if optimizer is None or optimizer.built:
         return
     with keras.name_scope(optimizer.name, caller=optimizer):
