@@ -197,12 +197,15 @@ def _scaling(args, argv) -> int:
 
 def _check_data(data: str, entry) -> None:
     import os
+
+    from bench.data import jpeg_pipeline
     if data == "synthetic" or data.startswith("tfds:"):
         return
-    if data == "jpeg" or data.startswith("jpeg:"):
+    if jpeg_pipeline.is_jpeg(data):
         if entry.kind != "image":
             raise BenchUsageError(f"--data {data}: JPEG input feeds image models; {entry.name} is a {entry.kind} model")
-        if data.startswith("jpeg:") and not os.path.isdir(data.split(":", 1)[1]):
+        directory = jpeg_pipeline.given_directory(data)
+        if directory is not None and not os.path.isdir(directory):
             raise BenchUsageError(f"--data {data}: no such directory")
         return
     raise BenchUsageError(f"--data {data!r}: expected synthetic, jpeg, jpeg:DIR or tfds:NAME")

@@ -16,9 +16,22 @@ make its steps much faster. Below that it is compute-bound. The share is recorde
 """
 from __future__ import annotations
 
-__all__ = ["INPUT_BOUND_SHARE", "input_fields"]
+import time
+
+__all__ = ["INPUT_BOUND_SHARE", "seconds_per_batch", "input_fields"]
 
 INPUT_BOUND_SHARE = 0.5
+
+
+def seconds_per_batch(dataset, batches: int = 20) -> float:
+    """Seconds per batch of `dataset` read alone (nothing trains meanwhile). Its first batch, the pipeline's
+    start (files opened, buffers filled), is not timed."""
+    iterator = iter(dataset)
+    next(iterator)
+    started = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return (time.perf_counter() - started) / batches
 
 
 def input_fields(input_alone_s: float | None, step_s: float) -> dict:

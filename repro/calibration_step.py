@@ -58,7 +58,6 @@ from tarantella.data import distributed_dataset
 
 __all__ = ["MODES", "SPLIT_NOTE", "check_supported", "reverse_batch", "rows_of", "split_train_step"]
 
-
 MODES = ("reverse",)
 
 

@@ -42,8 +42,8 @@ def in_plan_order(plan: Sequence[RunSpec], needs: dict[str, str | None], jobs: i
                   on_start: Callable[[RunSpec], None] = lambda spec: None) -> Iterator[RunResult]:
     """Yield each run's result in the plan's order, running them side by side where `needs` (a run's name ->
     the name of the run it reads, which must have started first, or None) and `jobs` (cores) allow (Note [Runs
-    side by side]). `execute(spec,
-    stop)` runs one; when the caller stops iterating, the runs in flight get `stop` set and are waited for."""
+    side by side]). `execute(spec, stop)` runs one; when the caller stops iterating, the runs in flight get
+    `stop` set and are waited for."""
     stop = threading.Event()
     waiting = list(plan)
     running: dict[concurrent.futures.Future, RunSpec] = {}

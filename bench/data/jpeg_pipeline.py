@@ -18,13 +18,24 @@ import os
 
 from bench.errors import BenchUsageError
 
-__all__ = ["FILE_PATTERN", "train_files", "files_of_rank", "rank_dataset", "parse_and_preprocess"]
+__all__ = ["FILE_PATTERN", "is_jpeg", "given_directory", "train_files", "files_of_rank", "rank_dataset",
+           "parse_and_preprocess"]
 
 FILE_PATTERN = "train-*"
 _CYCLE_LENGTH = 10          # files read at once (the reference's interleave)
 _SHUFFLE_BUFFER = 10_000    # the reference's _SHUFFLE_BUFFER
 _MEAN = (123.68, 116.78, 103.94)
 _STD = (58.393, 57.12, 57.375)
+
+
+def is_jpeg(data: str) -> bool:
+    """Whether a --data value asks for this pipeline: `jpeg` (the generated set) or `jpeg:DIR`."""
+    return data == "jpeg" or data.startswith("jpeg:")
+
+
+def given_directory(data: str) -> str | None:
+    """DIR of `jpeg:DIR`; None for `jpeg` (the generated set)."""
+    return data.split(":", 1)[1] if data.startswith("jpeg:") else None
 
 
 def train_files(directory: str) -> list[str]:

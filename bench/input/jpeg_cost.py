@@ -19,8 +19,8 @@ import json
 import os
 import statistics
 import sys
-import time
 
+from bench.input_bound import seconds_per_batch
 from tarantella._provenance import describe_machine, describe_software, describe_source
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,13 +38,7 @@ def pipeline_alone(files: list[str], image_size: int, threads: int, batches: int
     options.threading.private_threadpool_size = threads
     options.threading.max_intra_op_parallelism = 1
     dataset = jpeg_pipeline.rank_dataset(files, 0, 1, MICRO_BATCH, image_size, seed=0).with_options(options)
-    iterator = iter(dataset)
-    next(iterator)
-    started = time.perf_counter()
-    for _ in range(batches):
-        next(iterator)
-    seconds = time.perf_counter() - started
-    return 1000.0 * threads * seconds / (batches * MICRO_BATCH)
+    return 1000.0 * threads * seconds_per_batch(dataset, batches) / MICRO_BATCH
 
 
 def training_step(data: str, steps: int) -> dict:
@@ -78,8 +72,8 @@ def main(argv=None) -> int:
     for image_size in SIZES:
         for threads in sorted({1, cores}):
             measured = [pipeline_alone(files, image_size, threads, args.batches) for _ in range(args.repeats)]
-            alone.append({"image_size": image_size, "threads": threads, "core_ms_per_image": statistics.median(measured),
-                          "runs": measured})
+            alone.append({"image_size": image_size, "threads": threads,
+                          "core_ms_per_image": statistics.median(measured), "runs": measured})
             print(f"pipeline alone, crop {image_size}, {threads} thread(s): {alone[-1]['core_ms_per_image']:.2f} "
                   f"core-ms per image", flush=True)
     pairs = []

@@ -18,6 +18,8 @@ import socket
 import sys
 
 from bench.cli import PRECISIONS
+from bench.data import jpeg_pipeline
+from bench.input_bound import seconds_per_batch
 
 
 def _parse(argv):
@@ -51,8 +53,7 @@ def _dataset(entry, args, batch, rank, ranks):
     if args.data == "synthetic":
         from bench.data.synthetic import synthetic_dataset
         return synthetic_dataset(entry, batch, seed=args.seed + (rank if args.framework == "keras" else 0))
-    if is_jpeg(args.data):
-        from bench.data import jpeg_pipeline
+    if jpeg_pipeline.is_jpeg(args.data):
         files = jpeg_pipeline.train_files(_jpeg_directory(args.data))
         return jpeg_pipeline.rank_dataset(files, rank, ranks, args.global_batch // ranks, entry.image_size,
                                           entry.channels, entry.num_classes, seed=args.seed + rank)
@@ -64,30 +65,15 @@ def _dataset(entry, args, batch, rank, ranks):
     return examples.repeat().batch(batch, drop_remainder=True).prefetch(2)
 
 
-def is_jpeg(data: str) -> bool:
-    return data == "jpeg" or data.startswith("jpeg:")
-
-
 def _jpeg_directory(data: str) -> str:
     """The set's directory: jpeg:DIR, or for `jpeg` the generated set (the master makes it if it is missing)."""
     import tarantella as tnt
     from bench.data import imagenet_like
-    if data.startswith("jpeg:"):
-        return data.split(":", 1)[1]
+    given = jpeg_pipeline.given_directory(data)
+    if given is not None:
+        return given
     directory = imagenet_like.ensure_set()[0] if tnt.get_rank() == 0 else None
     return tnt.broadcast_object(directory)
-
-
-def _time_input_alone(dataset, batches: int = 20) -> float:
-    """Seconds per micro-batch of this rank's input pipeline alone (nothing trains meanwhile; the other ranks
-    time theirs at the same moment, so they share the node's cores as in training): Note [Input-bound]."""
-    import time
-    iterator = iter(dataset)
-    next(iterator)                       # the pipeline's start (files opened, buffers filled) is not timed
-    started = time.perf_counter()
-    for _ in range(batches):
-        next(iterator)
-    return (time.perf_counter() - started) / batches
 
 
 def _loss(entry):
@@ -135,9 +121,9 @@ def main(argv=None) -> int:
     batch = batch_per_dataset(args.framework, args.global_batch, ranks)
     dataset = _dataset(entry, args, batch, rank, ranks)
     input_alone_s = None
-    if is_jpeg(args.data):
+    if jpeg_pipeline.is_jpeg(args.data):
         tnt.barrier()
-        input_alone_s = max(tnt.allgather_object(_time_input_alone(dataset)))
+        input_alone_s = max(tnt.allgather_object(seconds_per_batch(dataset)))   # Note [Input-bound]
         if args.framework == "tnt":   # each rank's own micro-batches, from its own files
             mine = dataset
             dataset = tnt.distribute_datasets_from_function(lambda context: mine)

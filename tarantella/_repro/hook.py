@@ -41,7 +41,6 @@ __all__ = ["note", "compute_dtypes", "RECORD_VARIABLE", "REFERENCE_VARIABLE", "S
            "MAX_STEPS_VARIABLE", "MAX_EPOCHS_VARIABLE", "extra_callbacks", "make_recorder", "rank_from_environment",
            "world_size_from_environment"]
 
-
 _recorders_made = 0
 _notes: dict = {}   # what the harness says of this run's steps (note()); written with the record
 
