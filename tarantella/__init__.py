@@ -8,7 +8,8 @@ Run with the launcher (`tarantella -n 4 -- train.py`) or plain `python` (1 rank)
 The floors of the house, top to bottom; a room imports only rooms on its own floor or below, and the two
 strategies not each other (import-linter's contracts in pyproject.toml, tests/test_architecture.py):
   faces        keras (tnt.Model, save and load, callbacks: what a user touches), launcher (the command)
-  strategies   pipeline, sharding (data parallelism still lives in keras/model.py)
+  strategies   pipeline, sharding; data parallelism is tnt.Model's own, run by the shared floor's steps and
+               reductions (step/tf_steps.py, step/step_reductions.py)
   shared       _repro (exact mode's step, the recorder), step (the pieces of a training step every strategy
                uses: the step's collectives, gradient and metric reductions, serial random draws, global
                BatchNormalization, empty micro-batches, which callbacks run on which rank, what a strategy

@@ -42,7 +42,8 @@ def detected_gpus(environ: Mapping[str, str], driver_dir: str = "/proc/driver/nv
         ids = [part.strip() for part in environ["CUDA_VISIBLE_DEVICES"].split(",") if part.strip()]
         return [] if ids and ids[0].startswith("-") else ids
     try:
-        return [str(index) for index in range(len([d for d in os.listdir(driver_dir) if re.match(r"^[0-9a-f:.]+$", d)]))]
+        devices = [d for d in os.listdir(driver_dir) if re.match(r"^[0-9a-f:.]+$", d)]
+        return [str(index) for index in range(len(devices))]
     except OSError:
         return []
 

@@ -38,8 +38,17 @@ def virtual_batches_from_environment() -> int | None:
                          f"set it to a power of two such as 4") from None
 
 
-def prepare(virtual_batches: int, size: int) -> None:
-    """Check the set-up once, before tracing; user errors name the setting to change."""
+def prepare(virtual_batches: int, size: int, own_logic_of: str | None = None, weights_sharded: bool = False) -> None:
+    """Check the set-up once, before tracing; user errors name the setting to change.
+    own_logic_of: the class name of a model with its own training logic, else None; weights_sharded:
+    shard="weights"."""
+    if own_logic_of:
+        raise ValueError(f"tarantella exact mode splits tnt.Model's own train step into virtual micro-batches, "
+                         f"so {own_logic_of}'s own training logic cannot run in it; check this "
+                         f"model in tolerance mode (`tnt-repro check --mode tolerance`)")
+    if weights_sharded:
+        raise ValueError("tarantella: tnt-repro's exact mode does not run shard='weights' (it reduces whole "
+                         "gradients by virtual batches); check the script with shard='gradients'")
     exact_reduction.check_decomposition(virtual_batches, size)
     algorithm = runtime.settings().allreduce_algorithm
     if size > 1 and algorithm != "recursive_doubling":

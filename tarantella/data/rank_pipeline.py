@@ -3,7 +3,8 @@
 Note [Rewriting the user's pipeline]
 A user pipeline reads, in order of application,
 
-    prefix  ->  tail (element-wise maps, shuffle/repeat/take/skip)  ->  batch(B)  ->  after (shuffle/repeat/take/skip/prefetch/cache)
+    prefix  ->  tail (element-wise maps, shuffle/repeat/take/skip)  ->  batch(B)
+            ->  after (shuffle/repeat/take/skip/prefetch/cache)
 
 where the prefix ends at the last "barrier" before the batch: a `filter` (which
 samples survive depends on their values), a `cache` (its point is to keep what

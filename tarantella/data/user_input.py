@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tarantella.data import batching, distributed_dataset, order_check, python_input, rank_pipeline
 
-__all__ = ["distribute", "split_for_validation", "as_arrays"]
+__all__ = ["distribute", "split_for_validation", "validation_parts", "as_arrays"]
 
 DEFAULT_BATCH_SIZE = 32
 
@@ -149,3 +149,19 @@ def split_for_validation(x, y, sample_weight, validation_split: float):
 
     return (cut(x, True), cut(y, True), cut(sample_weight, True)), (cut(x, False), cut(y, False),
                                                                      cut(sample_weight, False))
+
+
+def validation_parts(validation_data, validation_batch_size, batch_size, micro_batch_size, validation_micro_batch_size,
+                     size: int):
+    """fit's validation_data as (x, y, sample_weight, global batch size): a Dataset keeps its own batches; arrays
+    take validation_batch_size, else fit's batch_size, else (with micro-batch sizes) micro-batches x ranks."""
+    if isinstance(validation_data, (tuple, list)):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
+    else:
+        x, y, sample_weight = validation_data, None, None
+    if isinstance(x, tf.data.Dataset):
+        return x, y, sample_weight, None
+    validation_batch_size = validation_batch_size or (None if validation_micro_batch_size else batch_size)
+    if validation_batch_size is None and validation_micro_batch_size is None:
+        validation_batch_size = micro_batch_size * size if micro_batch_size else None
+    return x, y, sample_weight, validation_batch_size

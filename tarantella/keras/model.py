@@ -35,49 +35,39 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella import collectives, deferred_build, runtime, sharding, stage_state, timeline
+from tarantella import collectives, deferred_build, runtime, sharding, timeline
 from tarantella._repro import exact_train_step
 from tarantella._repro import hook as repro_hook
 from tarantella.data import distributed_dataset, order_check, serial_order, user_input
 from tarantella.keras import class_weights, distributed_optimizer, models, user_steps
+from tarantella.keras.model_files import ModelFiles
 from tarantella.keras.parallel_strategy import ParallelStrategy
-from tarantella.sharding import checkpoint as sharding_checkpoint, gathered_weights
-from tarantella.step import (batch_position, empty_micro_batch, global_batch_norm, gradient_reduction,
-                             metric_reduction, optimizers, rank_callbacks, serial_random, tf_steps)
-from tarantella.step.graph_allreduce import GraphAllreducer
-from tarantella.step.in_graph_sum import InGraphSum
-from tarantella.timeline import overlap, step_events
+from tarantella.keras.wrapping import Wrapping
+from tarantella.pipeline import entry
+from tarantella.sharding.sharded_model import ShardedModel
+from tarantella.step import (batch_position, empty_micro_batch, global_batch_norm, metric_reduction, optimizers,
+                             initial_weights,
+                             rank_callbacks, serial_random, tf_steps)
+from tarantella.step.step_reductions import StepReductions
+from tarantella.timeline import step_events
 
 __all__ = ["Model"]
 
 logger = logging.getLogger("tarantella")
 
 
-_PIPELINING_ARGUMENTS = ("num_micro_batches", "schedule", "num_pipeline_stages", "balance_by",
-                         "defer_weight_gradients")
+def _reductions_attribute(name: str) -> property:
+    """An attribute of tnt.Model's StepReductions, read and set through the model."""
+    return property(lambda model: getattr(model._reductions, name),
+                    lambda model, value: setattr(model._reductions, name, value))
 
 
-def _log_one_rank_pipeline(arguments: dict) -> None:
-    """Note [A pipelined model on one rank]
-    A pipelining script started on one rank (a serial run, tnt-repro's serial reference, a laptop) has no
-    ranks to put stages on: tnt.Model trains the whole model as serial Keras does (the data-parallel model
-    on one rank), ignoring the SplitLayers (identities) and the pipeline's arguments, and says so once.
-    What the pipeline would do differently is its BatchNormalization per micro-batch (Note [A pipeline's
-    micro-batches and the layers that look at the batch]); everything else is serial training."""
-    unknown = set(arguments) - set(_PIPELINING_ARGUMENTS)
-    if unknown:
-        raise TypeError(f"tarantella: tnt.Model got unexpected arguments {sorted(unknown)}")
-    logger.info("tarantella: 1 rank: pipelining needs a rank per stage; training the whole model serially "
-                "(ignoring %s)", ", ".join(f"{k}={v!r}" for k, v in arguments.items()) or "the SplitLayers")
-
-
-class Model(keras.Model):
+class Model(Wrapping, ModelFiles, keras.Model):
     """Wraps `model` for synchronous data-parallel training; behaves like it otherwise.
 
     overlap_communication=False starts the gradient allreduce (with shard="gradients": the transfers to the
@@ -99,18 +89,13 @@ class Model(keras.Model):
         """PIPELINING and ALL give the pipelined model (tarantella.pipeline), which
         takes num_micro_batches, schedule and num_pipeline_stages."""
         if isinstance(parallel_strategy, ParallelStrategy) and ParallelStrategy.PIPELINING in parallel_strategy:
-            if isinstance(model, keras.Model) and user_steps.overridden(model):
-                raise ValueError(f"tarantella: pipelining cuts the model into stages and runs its own schedule, so "
-                                 f"{type(model).__name__}'s {', '.join(user_steps.overridden(model))} cannot be kept; "
-                                 f"use ParallelStrategy.DATA for a model with its own training logic")
+            overridden = user_steps.overridden(model) if isinstance(model, keras.Model) else []
             shard = sharding.resolve_mode(kwargs.pop("shard", None))
-            if runtime.get_size() == 1:  # Note [A pipelined model on one rank]
-                _log_one_rank_pipeline(kwargs)
-                return super().__new__(cls)
-            from tarantella.pipeline import make_pipelined_model
-            return make_pipelined_model(model, data_parallel=parallel_strategy == ParallelStrategy.ALL,
-                                        shard=shard, **kwargs)
-        return super().__new__(cls)
+            pipelined = entry.pipelined(model, overridden=overridden, shard=shard, arguments=kwargs,
+                                        data_parallel=parallel_strategy == ParallelStrategy.ALL)
+            if pipelined is not None:
+                return pipelined
+        return super().__new__(cls)   # one rank: Note [A pipelined model on one rank] (pipeline/entry.py)
 
     def __init__(self, model: keras.Model, parallel_strategy=ParallelStrategy.DATA,
                  overlap_communication: bool = True, name: str | None = None,
@@ -132,28 +117,21 @@ class Model(keras.Model):
         serial_random.install()
         global_batch_norm.install()
         self.batch_norm = batch_norm
-        self._statistics_allreducer: InGraphSum | None = None
         self._model = model
         self.parallel_strategy = parallel_strategy
         self.overlap_communication = overlap_communication
         self.world_size = runtime.get_size()
         self.shard = shard
-        self._loaded_optimizer = None     # a built optimizer handed to compile: its state, for the sharded one
-        self._master_restores_for_all = False
-        self._restored_wholes = []   # own training logic: (optimizer, whole) the master restored for all
-        self._allreducers: list[tuple[str, GraphAllreducer]] = []  # (purpose, allreducer)
-        self._gradient_allreducer: GraphAllreducer | None = None
-        self._metric_state_count = 0  # metric tensors riding at the end of the gradient allreducer
-        # Note [Metric state rides with the gradients]; False (tests, measurements): a separate reduction after them
-        self._metrics_ride = True
+        self._reductions = StepReductions(self.world_size, overlap_communication)
         self._validation_dataset = None
         self._weights_synchronized = False
         self._metrics_local = False
         # Note [A model's own training logic]
         self._own_logic = user_steps.overridden(model)
-        self._gathering = None   # shard="weights": Note [Weights gathered layer by layer]
-        if shard == "weights" and self.world_size > 1:
-            self._gathering = self._shard_weights(model)
+        self._sharding = (ShardedModel(model, shard, bool(self._own_logic), runtime.get_rank(), self.world_size)
+                          if shard and self.world_size > 1 else None)
+        if self._gathering is not None:
+            self._weights_synchronized = True   # every rank took its own weights from the master's
         else:
             # Data parallelism holds every weight (Note [Models built without storage] in deferred_build.py).
             deferred_build.initialize_all(model)
@@ -167,172 +145,16 @@ class Model(keras.Model):
             else:
                 models.compile_like(self, model)
 
-    # --- the wrapped model ---------------------------------------------------
-
-    def build(self, input_shape=None):
-        self.built = True  # the wrapped model builds itself on its first call
-
-    def call(self, inputs, training=None):
-        return self._model(inputs, training=training)
+    @property
+    def _gathering(self):
+        """shard="weights": the weights gathered layer by layer (Note [Weights gathered layer by layer] in
+        tarantella/sharding/gathered_weights.py); else None."""
+        return None if self._sharding is None else self._sharding.gathering
 
     @property
-    def wrapped_model(self) -> keras.Model:
-        """The user's Keras model (shares its variables with this one)."""
-        return self._model
-
-    @property
-    def layers(self):
-        return self._model.layers
-
-    def get_layer(self, name=None, index=None):
-        return self._model.get_layer(name=name, index=index)
-
-    @property
-    def inputs(self):
-        return self._model.inputs
-
-    @property
-    def outputs(self):
-        return self._model.outputs
-
-    def summary(self, *args, **kwargs):
-        return self._model.summary(*args, **kwargs)
-
-    def get_weights(self):
-        """The wrapped model's weights; with shard="weights" a collective (each weight comes from its owner)."""
-        if self._gathering is not None:
-            return self._gathering.whole_weights(self._model.weights)
-        return self._model.get_weights()
-
-    def set_weights(self, weights):
-        """With shard="weights" each rank keeps the values of the weights it owns."""
-        if self._gathering is None:
-            self._model.set_weights(weights)
-            return
-        for variable, value in zip(self._model.weights, weights):
-            if not stage_state.is_released(variable):
-                variable.assign(value)
-
-    def to_json(self, **kwargs):
-        return self._model.to_json(**kwargs)
-
-    def save(self, filepath, overwrite=True, **kwargs):
-        """The master rank writes the wrapped model as a plain `.keras` file; other ranks do nothing
-        (every rank writes with --output-on-all-devices, like the output callbacks). Not a collective,
-        except with shard="optimizer": then every rank must call it, the master gathers every rank's optimizer
-        state and writes the file alone. Load it with keras.saving.load_model or tnt.models.load_model."""
-        if self._saves_sharded():  # Note [Saving and restoring sharded optimizer state]
-            with self._whole_weights_on_master(), self._gathered_optimizer_state() as writes:
-                if writes:
-                    self._write(filepath, overwrite, **kwargs)
-            return
-        if not rank_callbacks.output_on_this_rank():
-            return
-        self._write(filepath, overwrite, **kwargs)
-
-    def _saves_sharded(self) -> bool:
-        """Whether saving gathers every rank's optimizer state on the master (a collective)."""
-        return self._sharded_update is not None or (self._own_logic and self._is_sharded())
-
-    def _whole_weights_on_master(self):
-        """shard="weights": the master holds every weight while it writes them (a collective)."""
-        if self._gathering is None:
-            return contextlib.nullcontext()
-        return self._gathering.whole_on(runtime.get_master_rank())
-
-    def _shard_weights(self, model):
-        self._weights_synchronized = True   # every rank takes its own weights from the master's (below)
-        return gathered_weights.shard_weights(model, runtime.get_rank(), self.world_size)
-
-    def _gathered_optimizer_state(self):
-        if self._own_logic:   # Note [Saving a model with its own training logic, sharded]
-            return sharding_checkpoint.own_optimizers_gathered_on_master(self._model)
-        return sharding_checkpoint.gathered_on_master(self.optimizer, self._sharded_update.owned,
-                                                      self._model.optimizer, self._model.trainable_variables)
-
-    def _write(self, filepath, overwrite, save=None, **kwargs) -> None:
-        """The wrapped model's `save` (or save_weights) to `filepath`."""
-        save = save or self._model.save
-        path = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
-        suffix = next((s for s in (".keras", ".weights.h5") if path is not None and path.endswith(s)), None)
-        if suffix is None or not overwrite:
-            save(filepath, overwrite=overwrite, **kwargs)
-            return
-        # Written aside, then renamed: ranks writing one path together (with --output-on-all-devices; HDF5 would
-        # refuse the second writer's lock), and readers, never see half a file.
-        directory, name = os.path.split(os.path.abspath(path))
-        scratch = os.path.join(directory, f".{name}.rank{runtime.get_rank()}.tmp{suffix}")
-        save(scratch, overwrite=True, **kwargs)
-        os.replace(scratch, path)
-
-    def save_weights(self, filepath, overwrite=True, **kwargs):
-        """As save: the master writes (every rank with --output-on-all-devices); with shard="optimizer" a
-        collective, the master writes alone."""
-        if self._saves_sharded():
-            with self._whole_weights_on_master(), self._gathered_optimizer_state() as writes:
-                if writes:
-                    self._write(filepath, overwrite, save=self._model.save_weights, **kwargs)
-            return
-        if rank_callbacks.output_on_this_rank():
-            self._write(filepath, overwrite, save=self._model.save_weights, **kwargs)
-
-    def load_weights(self, filepath, *args, **kwargs):
-        """Not a collective. With shard="optimizer" each rank that reads the file keeps its own share of the
-        optimizer state (Note [Saving and restoring sharded optimizer state])."""
-        if not self._saves_sharded():
-            self._model.load_weights(filepath, *args, **kwargs)
-            return
-        if self._gathering is not None:   # the file holds every weight; this rank keeps its own (below)
-            self._gathering.hold_all()
-        if self._own_logic:   # Note [Saving a model with its own training logic, sharded]
-            pairs = sharding_checkpoint.read_own_whole(self._model,
-                                                       lambda: self._model.load_weights(filepath, *args, **kwargs))
-            if self._master_restores_for_all:
-                self._restored_wholes = pairs
-                return
-            for optimizer, whole in pairs:
-                sharding_checkpoint.take_share(optimizer, whole)
-                sharding_checkpoint.release(whole)
-            self.release_unowned_weights()
-            return
-        sharding_checkpoint.prepare_to_load(self._model.optimizer, self._model.trainable_variables)
-        self._model.load_weights(filepath, *args, **kwargs)
-        sharding_checkpoint.take_share(self.optimizer, self._model.optimizer)
-        if not self._master_restores_for_all:
-            sharding_checkpoint.release(self._model.optimizer)
-            self.release_unowned_weights()
-
-    def release_unowned_weights(self) -> None:
-        """shard="weights": give back the storage of the weights this rank does not own (after a load)."""
-        if self._gathering is not None:
-            self._gathering.release_unowned()
-
-    @property
-    def is_sharded(self) -> bool:
-        """Whether this rank keeps only its share of the optimizer state (shard=..., set up by fit; a model with its
-        own training logic: its optimizers, once built)."""
-        return self._saves_sharded()
-
-    @contextlib.contextmanager
-    def master_restores_for_all(self):
-        """Within, on the master: a restored file's whole optimizer state is kept until
-        `share_restored_optimizer_state` (a collective, after) hands every rank its share."""
-        self._master_restores_for_all = True
-        try:
-            yield
-        finally:
-            self._master_restores_for_all = False
-
-    def share_restored_optimizer_state(self) -> None:
-        """Collective: every rank's share of the master's restored optimizer state (BackupAndRestore)."""
-        if not self._own_logic:
-            sharding_checkpoint.share_from_master(self.optimizer, self._model.optimizer,
-                                                  self._model.trainable_variables)
-            return
-        restored, self._restored_wholes = dict((id(o), w) for o, w in self._restored_wholes), []
-        for optimizer in sharding_checkpoint.built_sharded_optimizers(self._model):   # every rank alike
-            sharding_checkpoint.share_from_master(optimizer, restored.get(id(optimizer)),
-                                                  sharding.sharding_of(optimizer).variables)
+    def _sharded_update(self):
+        """The sharding of the optimizer of the direct path once it is built (Note [A sharded update])."""
+        return None if self._sharding is None else self._sharding.update(getattr(self, "optimizer", None))
 
     # --- compile -------------------------------------------------------------
 
@@ -351,46 +173,33 @@ class Model(keras.Model):
 
     def _compile_like_own_logic(self):
         """This model compiled for Keras's fit loop only; the steps, loss and metrics are the wrapped model's."""
-        if self._is_sharded():   # a loaded model's optimizers hold the whole state: each rank takes its share
-            sharding_checkpoint.take_share_when_built(self._model)
+        if self._sharding is not None:   # a loaded model's optimizers hold the whole state: each takes its share
+            self._sharding.own_logic_compiled()
         super().compile(optimizer=self._model.optimizer or "rmsprop", jit_compile=False)
         self._distribute_own_optimizers()
-        self._close_allreducers()
+        self._reductions.close()
 
     def _distribute_own_optimizers(self) -> None:
         """The wrapped model's optimizers reduce their gradients, sharded with shard="optimizer" (the sharded apply
         below the reduction)."""
         for optimizer in optimizers.optimizers_of(self._model):
-            if self._is_sharded():
-                sharding.shard_optimizer(optimizer, mode=self.shard)
+            if self._sharding is not None:
+                self._sharding.shard_own(optimizer)
             distributed_optimizer.distribute_optimizer(optimizer)
 
     def _compile_direct(self, optimizer="rmsprop", loss=None, metrics=None, **kwargs):
-        _check_loss_reduction(loss)
-        sharded = self._is_sharded()
-        if sharded and isinstance(optimizer, keras.optimizers.Optimizer) and optimizer.built:
-            # A loaded model's optimizer holds every variable's state: the sharded one is a new copy, built on this
-            # rank's variables, that takes this rank's part of that state at the first fit.
-            self._loaded_optimizer, optimizer = optimizer, optimizers.unbuilt_copy(optimizer)
+        tf_steps.check_loss_reduction(loss)
+        sharded = self._sharding is not None
+        if sharded:
+            optimizer = self._sharding.compiled_optimizer(optimizer)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False, **kwargs)
         # The wrapped model is compiled alike so that its saved file is complete: sharing the optimizer, or, when
         # sharded, with an unbuilt copy that gets every rank's state only to be saved (save()).
         self._model.compile(optimizer=optimizers.unbuilt_copy(self.optimizer) if sharded else self.optimizer,
                             loss=loss, metrics=metrics, jit_compile=False, **kwargs)
         if sharded:
-            # built on this rank's share before the first step (_prepare)
-            sharding.shard_model_optimizer(self.optimizer, mode=self.shard)
-        self._close_allreducers()
-
-    def _is_sharded(self) -> bool:
-        return bool(self.shard) and self.world_size > 1
-
-    @property
-    def _sharded_update(self):
-        """The sharding of the optimizer of the direct path once it is built (Note [A sharded update])."""
-        if self._own_logic or not self._is_sharded():
-            return None
-        return sharding.sharding_of(getattr(self, "optimizer", None))
+            self._sharding.shard_compiled(self.optimizer)   # built on this rank's share before the first step
+        self._reductions.close()
 
     @property
     def loss_tracker(self) -> keras.metrics.Metric:
@@ -415,9 +224,6 @@ class Model(keras.Model):
         if self._own_logic:
             return user_steps.train_step(self, data)
         virtual_batches = exact_train_step.virtual_batches_from_environment()
-        if virtual_batches and self._gathering is not None:
-            raise ValueError("tarantella: tnt-repro's exact mode does not run shard='weights' (it reduces whole "
-                             "gradients by virtual batches); check the script with shard='gradients'")
         if virtual_batches:  # tnt-repro's exact mode (Note [Exact mode] in tarantella/_repro/exact_reduction.py)
             return exact_train_step.train_step(self, data, virtual_batches)
         return tf_steps.train_step(self, data)
@@ -436,7 +242,7 @@ class Model(keras.Model):
     def metrics_ride_with_gradients(self) -> bool:
         """The train step sums the metric state in the gradient reduction
         (Note [Metric state rides with the gradients] in metric_reduction.py)."""
-        return self.world_size > 1 and self._metrics_ride
+        return self._reductions.metrics_ride_with_gradients
 
     def reduce_gradients(self, gradients, variables):
         """Sum of every rank's gradients (called while tracing the train step)."""
@@ -444,44 +250,21 @@ class Model(keras.Model):
 
     def reduce_gradients_and_metrics(self, gradients, variables, metric_state=()):
         """(sum of every rank's gradients, sum of every rank's `metric_state` tensors), in one reduction
-        (Note [Metric state rides with the gradients] in metric_reduction.py); call while tracing a train step."""
-        metric_state = list(metric_state)
-        if self.world_size == 1:
-            return gradients, metric_state
-
-        def allreducer_for(tensors):
-            self._gradient_allreducer = self._allreducer_for(tensors, "gradients")
-            self._metric_state_count = len(metric_state)
-            return self._gradient_allreducer
-
-        if self._gathering is not None:  # summed on the owners in backprop (Note [Weights gathered layer by layer])
-            summed_state = self._allreducer_for(metric_state, "metrics")(metric_state) if metric_state else []
-            return self._gathering.marked(gradients), summed_state
-        riding = metric_reduction.RidingAllreducer(allreducer_for, metric_state)
-        to_owners = sharding.reduction_to_owners(self.optimizer, variables)  # ZeRO stage 2, else None
-        reduced = gradient_reduction.weighted_sum(gradients, variables, None, riding, self.overlap_communication,
-                                                  to_owners)
-        summed_state = riding.summed_state
-        if summed_state is None:  # no dense gradient to ride with
-            summed_state = self._allreducer_for(metric_state, "metrics")(metric_state) if metric_state else []
-        return reduced, summed_state
+        (tarantella/step/step_reductions.py); call while tracing a train step."""
+        to_owners = None
+        if self.world_size > 1 and self._gathering is None:
+            to_owners = sharding.reduction_to_owners(self.optimizer, variables)  # ZeRO stage 2, else None
+        return self._reductions.gradients_and_metrics(gradients, variables, metric_state, to_owners, self._gathering)
 
     def statistics_allreduce(self, tensor: tf.Tensor) -> tf.Tensor:
         """The sum over the ranks of a small tensor a layer needs at once (BatchNormalization's statistics);
-        call while tracing a step. The allreducer is made collectively on first use (every rank traces the
-        same layers in the same order)."""
-        if self._statistics_allreducer is None:
-            self._statistics_allreducer = InGraphSum()
-        return self._statistics_allreducer(tensor)
+        call while tracing a step."""
+        return self._reductions.statistics(tensor)
 
     def communication_profile(self) -> dict | None:
         """How the last train step's gradient allreduce overlapped backprop (see tarantella.timeline.overlap);
         None before the first step or on one rank."""
-        if self._gradient_allreducer is None:
-            return None
-        profile = overlap.communication_profile(self._gradient_allreducer.last_step_times())
-        profile["bucket_bytes"] = self._gradient_allreducer.bucket_bytes()
-        return profile
+        return self._reductions.communication_profile()
 
     def get_metrics_result(self):
         """The metric values of all ranks together; a collective when called outside a step."""
@@ -490,7 +273,7 @@ class Model(keras.Model):
         if tf.executing_eagerly():
             return metric_reduction.eager_global_results(self.metrics)
         return metric_reduction.graph_global_results(
-            self.metrics, lambda tensors: self._allreducer_for(tensors, "metrics"))
+            self.metrics, lambda tensors: self._reductions.allreducer_for(tensors, "metrics"))
 
     @contextlib.contextmanager
     def local_metric_results(self):
@@ -501,31 +284,14 @@ class Model(keras.Model):
         finally:
             self._metrics_local = False
 
-    def _allreducer_for(self, tensors, purpose: str) -> GraphAllreducer:
-        """One reducer per purpose and tensor list, reused by every traced step (train, test, retraces).
-        Created collectively: every rank traces the same steps in the same order."""
-        for known_purpose, allreducer in self._allreducers:
-            if known_purpose == purpose and allreducer.matches(tensors):
-                return allreducer
-        allreducer = GraphAllreducer([t.shape for t in tensors], [t.dtype for t in tensors])
-        self._allreducers.append((purpose, allreducer))
-        return allreducer
+    # The step's reducers, as user_steps.py, tnt-repro, the benchmarks and the tests read them.
+    def _allreducer_for(self, tensors, purpose: str):
+        return self._reductions.allreducer_for(tensors, purpose)
 
-    def _timeline_allreducers(self) -> list:
-        """(purpose, allreducer) pairs for the timeline: the metric buckets riding in the gradient reducer
-        count as the metrics' (Note [Metric state rides with the gradients])."""
-        pairs = list(self._allreducers)
-        if self._gradient_allreducer is not None and self._metric_state_count:
-            pairs.append(("metrics", metric_reduction.MetricBuckets(self._gradient_allreducer,
-                                                                    self._metric_state_count)))
-        return pairs
-
-    def _close_allreducers(self):
-        for _, allreducer in self._allreducers:
-            allreducer.close()
-        self._allreducers = []
-        self._gradient_allreducer = None
-        self._metric_state_count = 0
+    _allreducers = _reductions_attribute("allreducers")
+    _gradient_allreducer = _reductions_attribute("gradient_allreducer")
+    _metric_state_count = _reductions_attribute("metric_state_count")
+    _metrics_ride = _reductions_attribute("metrics_ride")
 
     # --- fit / evaluate / predict -----------------------------------------------
 
@@ -548,34 +314,24 @@ class Model(keras.Model):
                                  keras_order=keras_order, class_weight=class_weight)
         validation = None
         if validation_data is not None:
-            vx, vy, vsw = (keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
-                           if isinstance(validation_data, (tuple, list)) else (validation_data, None, None))
-            if isinstance(vx, tf.data.Dataset):
-                validation_batch_size = None
-            else:
-                validation_batch_size = validation_batch_size or (None if tnt_validation_micro_batch_size
-                                                                  else batch_size)
-                if validation_batch_size is None and tnt_validation_micro_batch_size is None:
-                    validation_batch_size = (tnt_micro_batch_size * self.world_size
-                                             if tnt_micro_batch_size else None)
+            vx, vy, vsw, validation_batch_size = user_input.validation_parts(
+                validation_data, validation_batch_size, batch_size, tnt_micro_batch_size,
+                tnt_validation_micro_batch_size, self.world_size)
             validation = self._distribute(vx, vy, vsw, batch_size=validation_batch_size,
                                           micro_batch_size=tnt_validation_micro_batch_size,
                                           what="validation_batch_size")
         self._prepare(train)
         self._build_optimizer_before_the_step_is_traced()
         virtual_batches = exact_train_step.virtual_batches_from_environment()
-        if virtual_batches and self._own_logic:
-            raise ValueError(f"tarantella exact mode splits tnt.Model's own train step into virtual micro-batches, "
-                             f"so {type(self._model).__name__}'s own training logic cannot run in it; check this "
-                             f"model in tolerance mode (`tnt-repro check --mode tolerance`)")
         if virtual_batches:
-            exact_train_step.prepare(virtual_batches, self.world_size)
+            exact_train_step.prepare(virtual_batches, self.world_size, weights_sharded=self._gathering is not None,
+                                     own_logic_of=type(self._model).__name__ if self._own_logic else None)
         # tnt-repro's recorder (only under `tnt-repro check`) runs on every rank.
         callbacks = (list(rank_callbacks.callbacks_for_this_rank(callbacks, collective_saves=self.is_sharded) or [])
                      + repro_hook.extra_callbacks())
         callbacks += order_check.callbacks(train=train, test=validation)  # collective, on every rank
         if timeline.enabled():  # Note [Timeline span names]
-            callbacks.append(step_events.TimelineCallback(self._timeline_allreducers))
+            callbacks.append(step_events.TimelineCallback(self._reductions.timeline_allreducers))
         self._validation_dataset = validation
         try:
             return super().fit(train, epochs=epochs, verbose=rank_callbacks.verbosity_for_this_rank(verbose),
@@ -637,8 +393,9 @@ class Model(keras.Model):
             with keras.StatelessScope():
                 self(tf.nest.map_structure(empty_micro_batch.sample_like, x), training=False)
         self._synchronize_weights()
-        if self._is_sharded() and not self._own_logic and self.compiled and not self.optimizer.built:
-            self._build_sharded_optimizer()
+        if self._sharding is not None and not self._own_logic and self.compiled and not self.optimizer.built:
+            # Collectively, once per compile (Note [A sharded update] in tarantella/sharding/update.py)
+            self._sharding.build_optimizer(self.optimizer, self.trainable_variables)
 
     def _build_optimizer_before_the_step_is_traced(self) -> None:
         """Keras's own train step applies the optimizer to the trainable variables (Note [The optimizer is built
@@ -646,30 +403,13 @@ class Model(keras.Model):
         if not self._own_logic and self.compiled:
             optimizers.build_before_tracing(self.optimizer, self.trainable_variables)
 
-    def _build_sharded_optimizer(self) -> None:
-        """Collectively, once per compile: build the optimizer on this rank's share of the variables (Note [A
-        sharded update] in tarantella/sharding/update.py), taking that share of a loaded model's state."""
-        self.optimizer.build(self.trainable_variables)
-        if self._loaded_optimizer is not None:
-            sharding_checkpoint.take_share(self.optimizer, self._loaded_optimizer)
-            self._loaded_optimizer = None
-
     def _synchronize_weights(self) -> None:
         """Once, collectively: every rank starts from the master rank's weights (seeded or not)."""
         if self._weights_synchronized:
             return
         self._weights_synchronized = True
-        if self.world_size == 1:
-            return
-        root = runtime.get_master_rank()
-        self._model.set_weights([collectives.broadcast(np.array(weight, copy=True), root=root)
-                                 for weight in self._model.get_weights()])
-        # The random layers' seed states too: serial-equal draws need the master's seeds on every rank
-        # (Note [Random values by sample, not by rank] in serial_random.py).
-        weights = {id(weight) for weight in self._model.weights}
-        for variable in self._model.variables:
-            if id(variable) not in weights:
-                variable.assign(collectives.broadcast(np.array(variable.numpy(), copy=True), root=root))
+        if self.world_size > 1:
+            initial_weights.take_from_master(self._model)
 
 
 def _check_jit_compile(jit_compile) -> None:
@@ -677,13 +417,3 @@ def _check_jit_compile(jit_compile) -> None:
         raise ValueError(f"tarantella: jit_compile={jit_compile!r} is not supported: the gradient allreduce "
                          f"ops are not XLA ops; use jit_compile=False or \"auto\" (both mean no XLA, at every "
                          f"rank count)")
-
-
-def _check_loss_reduction(loss) -> None:
-    """Note [Loss of the global batch] needs losses that are means over the batch."""
-    for item in tf.nest.flatten(loss):
-        reduction = getattr(item, "reduction", None)
-        if reduction in ("sum", "mean_with_sample_weight"):
-            raise ValueError(f"tarantella: loss {getattr(item, 'name', item)!r} has reduction={reduction!r}; "
-                             f"distributed training weights each rank's loss by its share of the global batch, "
-                             f"which needs a mean over the batch: use reduction=\"sum_over_batch_size\"")

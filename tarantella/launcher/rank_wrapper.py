@@ -39,8 +39,9 @@ Note [Which output is shown]
 Note [Exit records]
   One line on the wrapper's stderr: EXIT_RECORD_MARKER followed by a JSON object
   (rank, size, local_rank, host, pid, exit_code, signal, cause, command,
-  stderr_tail, stderr_shown, end_time: when the program ended, wall clock). It travels the way all rank output travels (mpirun,
-  srun and MPICH's hydra all forward stderr to the launcher), so it needs no shared
+  stderr_tail, stderr_shown, end_time: when the program ended, wall clock). It
+  travels the way all rank output travels (mpirun, srun and MPICH's hydra all
+  forward stderr to the launcher), so it needs no shared
   file system between hosts. It is written in a single write, after the program's
   own output, and only when the program ended with a non-zero code or a signal.
   cause is "failed" when the program ended on its own, and "stopped" when it ended

@@ -42,8 +42,9 @@ def make_pipelined_model(model, *, num_micro_batches: int | None = None, schedul
                           num_pipeline_stages=num_pipeline_stages, data_parallel=data_parallel, **kwargs)
 
 
-def load_model(filepath, *, num_micro_batches: int | None = None, schedule: str = "1f1b", num_pipeline_stages: int | None = None,
-               data_parallel: bool = False, custom_objects=None, compile: bool = True, **kwargs):
+def load_model(filepath, *, num_micro_batches: int | None = None, schedule: str = "1f1b",
+               num_pipeline_stages: int | None = None, data_parallel: bool = False, custom_objects=None,
+               compile: bool = True, **kwargs):
     """Every rank loads the `.keras` file written by PipelinedModel.save (or any Keras) and pipelines it,
     keeping its stage's weights and optimizer state: training resumes where the saved run stopped."""
     import keras

@@ -447,15 +447,16 @@ class PipelinedModel(keras.Model):
         train = pipeline_data.replica_batches(x, y, sample_weight, batch_size=batch_size,
                                               shuffle=shuffle if not isinstance(x, tf.data.Dataset) else False,
                                               seed=seed, keras_order=keras_order,
-                                              batch_map=make_class_weight_map_fn(class_weight) if class_weight else None,
+                                              batch_map=(make_class_weight_map_fn(class_weight) if class_weight
+                                                         else None),
                                               **self._replica_input())
         validation = None
         if validation_data is not None:
             vx, vy, vsw = (keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
                            if isinstance(validation_data, (tuple, list)) else (validation_data, None, None))
-            validation = pipeline_data.replica_batches(
-                vx, vy, vsw, batch_size=None if isinstance(vx, tf.data.Dataset) else (validation_batch_size or batch_size),
-                **self._replica_input())
+            validation_batch_size = None if isinstance(vx, tf.data.Dataset) else (validation_batch_size or batch_size)
+            validation = pipeline_data.replica_batches(vx, vy, vsw, batch_size=validation_batch_size,
+                                                       **self._replica_input())
         return super().fit(train, epochs=epochs, verbose=rank_callbacks.verbosity_for_this_rank(verbose),
                            callbacks=rank_callbacks.callbacks_for_this_rank(callbacks), validation_data=validation,
                            shuffle=False, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,

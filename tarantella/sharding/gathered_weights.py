@@ -61,8 +61,9 @@ Embedding's table (its gradient needs only the indices), every weight of
 a unit this rank owns none of, whose backward pass computes nothing this rank
 uses, and, on an owner, the gradients of its weights when a tape is asked
 about other variables (a model's own train_step with two optimizers asks one
-tape twice: each call runs every unit's backward pass). A control dependency did not keep it (observed: with one, such a model
-still hung), so each receive also gives a token
+tape twice: each call runs every unit's backward pass). A control dependency
+did not keep it (observed: with one, such a model still hung), so each receive
+also gives a token
 computed from its data (its first element), added to the counter that keeps
 the sends (Note [Sends are kept by a counter] in send_counter.py). An owner
 posts its sends when the receivers post their receives (the same inputs), not

@@ -114,7 +114,8 @@ class SpreadTransfers:
 
     def reduce(self, gradient, owner: int, tag: int, after, add, parts: list[int]):
         """Traced, every rank alike: (the sum over the ranks of `gradient` on the owner, None elsewhere; tokens of
-        the sends and of the owner's receives). `add` sums a list of tensors in rank order; receives are posted once `after` exists."""
+        the sends and of the owner's receives). `add` sums a list of tensors in rank order; receives are posted once
+        `after` exists."""
         self.traced += 1
         holders = self._holders(owner)
         pieces = tf.split(tf.reshape(gradient, [-1]), parts)

@@ -25,7 +25,17 @@ from tarantella.step import batch_position, empty_micro_batch, metric_reduction,
 from tarantella.step.gradient_reduction import dense_gradients  # noqa: F401  (exact mode imports it from here)
 from tarantella.timeline import graph_marks
 
-__all__ = ["unpack", "train_step", "test_step", "predict_step", "with_positions"]
+__all__ = ["check_loss_reduction", "unpack", "train_step", "test_step", "predict_step", "with_positions"]
+
+
+def check_loss_reduction(loss) -> None:
+    """Note [Loss of the global batch] needs losses that are means over the batch (compile's check)."""
+    for item in tf.nest.flatten(loss):
+        reduction = getattr(item, "reduction", None)
+        if reduction in ("sum", "mean_with_sample_weight"):
+            raise ValueError(f"tarantella: loss {getattr(item, 'name', item)!r} has reduction={reduction!r}; "
+                             f"distributed training weights each rank's loss by its share of the global batch, "
+                             f"which needs a mean over the batch: use reduction=\"sum_over_batch_size\"")
 
 
 def unpack(data, size: int):

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
         print(f"merged {count} rank file(s) into {path}")
         return 0
     if args.command == "render":
-        from tarantella.timeline.render import RenderError, render_step
+        from tarantella.timeline.render import render_step
         if not args.output:
             parser.error("render needs the picture to write: python -m tarantella.timeline render FILE OUT.png")
         try:

@@ -1,5 +1,5 @@
 """A pipelining script on one rank trains serially (Note [A pipelined model on one rank] in
-tarantella/keras/model.py): tnt-repro's serial reference and a laptop run need no ranks per stage."""
+tarantella/pipeline/entry.py): tnt-repro's serial reference and a laptop run need no ranks per stage."""
 import keras
 import numpy as np
 import pytest
