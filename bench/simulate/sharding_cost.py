@@ -19,7 +19,7 @@ over the node's network interface, shared by the node's ranks sending at once (s
                 receives on its own (N - 1 copies in, added at the summation speed), or, spread, every
                 rank sends and receives about the gradient's bytes, adds its part, and sends the sum on;
                 then the smaller update and the hand-over
-    weights     per layer (a profile's layer with gradients: gathered_weights.units_of), in forward order:
+    weights     per layer (a profile's layer with gradients: weight_shards.units_of), in forward order:
                 its weights are gathered from their owners (an owner sends N - 1 copies of its part, a rank
                 receives what it does not own), posted when the previous layer starts (one layer ahead);
                 in backward order: gathered again once the layer's output gradient exists (not ahead),

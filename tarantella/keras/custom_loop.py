@@ -48,7 +48,7 @@ from tarantella import collectives, runtime, stage_state
 from tarantella.data import distributed_dataset, user_input
 from tarantella.step import gradient_reduction, sparse_gradients
 from tarantella.step.graph_allreduce import GraphAllreducer
-from tarantella.sharding import gathered_weights, update as sharding_update
+from tarantella.sharding import gathered_weights, update as sharding_update, weight_shards
 
 __all__ = ["distribute_dataset", "reduce_gradients", "broadcast_variables", "shard_weights", "gathered_gradients"]
 
@@ -142,7 +142,7 @@ def shard_weights(model: keras.Model) -> gathered_weights.WeightGathering:
     already = gathered_weights.gathering_of(model.trainable_variables)
     if already is not None:
         return already
-    return gathered_weights.shard_weights(model, runtime.get_rank(), runtime.get_size())
+    return weight_shards.shard_weights(model, runtime.get_rank(), runtime.get_size())
 
 
 @tf.autograph.experimental.do_not_convert

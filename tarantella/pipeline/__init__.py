@@ -10,8 +10,9 @@ model), optionally with data-parallel replicas of every stage.
 Files: split_layer.py (the cut point), partition.py (stages, crossing tensors), cut.py and
 balance.py (where to cut), topology.py (rank -> replica, stage), schedules.py (GPipe, 1F1B),
 compiled_step.py (one step on one rank, traced, with in-graph transfers), pipelined_model.py
-(the keras.Model). Beneath, shared with sharding: tarantella/stage_state.py (each rank keeps
-only its stage; gather on save) and tarantella/channels.py (the engine's point-to-point channels).
+(the keras.Model), entry.py (how tnt.Model(..., PIPELINING or ALL) gets one, or none on one
+rank). Beneath, shared with sharding: tarantella/stage_state.py (each rank keeps only its stage;
+gather on save) and tarantella/channels.py (the engine's point-to-point channels).
 """
 from __future__ import annotations
 

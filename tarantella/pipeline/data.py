@@ -19,8 +19,10 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella.data import batching, distributed_dataset, user_input
+from tarantella.pipeline.schedules import check_micro_batches
 
-__all__ = ["global_batches", "replica_batches", "split_for_validation", "replica_part", "micro_batch_bounds"]
+__all__ = ["global_batches", "replica_batches", "split_for_validation", "replica_part", "micro_batch_bounds",
+           "validation_batches", "check_batches"]
 
 DEFAULT_BATCH_SIZE = 32
 
@@ -115,3 +117,22 @@ def micro_batch_bounds(count: int, num_micro_batches: int) -> list[tuple[int, in
     return [(batching.micro_batch_offset(count, num_micro_batches, m),
              batching.micro_batch_offset(count, num_micro_batches, m)
              + batching.micro_batch_size(count, num_micro_batches, m)) for m in range(num_micro_batches)]
+
+
+def check_batches(x, batch_size, num_replicas: int, num_micro_batches: int) -> None:
+    """Before training: arrays cut into global batches (the last one possibly smaller) that the replicas'
+    micro-batches must divide; a dataset's batches are checked at each step."""
+    if x is None or isinstance(x, tf.data.Dataset):
+        return
+    count = len(keras.tree.flatten(x)[0])
+    size = DEFAULT_BATCH_SIZE if batch_size is None else int(batch_size)
+    for batch in {min(size, count), count % size} - {0}:
+        check_micro_batches(batch, num_replicas, num_micro_batches)
+
+
+def validation_batches(validation_data, batch_size, **replica_input) -> tf.data.Dataset:
+    """fit's validation_data as replica_batches: a Dataset keeps its own batches, arrays take `batch_size`."""
+    x, y, sample_weight = (keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
+                           if isinstance(validation_data, (tuple, list)) else (validation_data, None, None))
+    return replica_batches(x, y, sample_weight, batch_size=None if isinstance(x, tf.data.Dataset) else batch_size,
+                           **replica_input)

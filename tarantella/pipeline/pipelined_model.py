@@ -64,7 +64,7 @@ from tarantella.pipeline.step_collectives import StepCollectives, check_shard
 from tarantella.pipeline.step_logs import StepLogs
 from tarantella.pipeline.topology import place
 from tarantella.pipeline.updates_in_weight_pass import UpdatesInWeightPass, updates_in_weight_pass
-from tarantella.pipeline.weight_gradients import defer_by_default
+from tarantella.pipeline.weight_gradients import weight_pass_every
 from tarantella.pipeline.whole_model import WholeModel
 
 try:
@@ -285,7 +285,9 @@ class PipelinedModel(keras.Model):
             if mode != "train":
                 self._schedules[key] = [Pass(FORWARD, m) for m in range(self.num_micro_batches)]
             else:
-                every = self._weight_pass_every(global_size)
+                rows = -(-global_size // self.placement.num_replicas)  # the largest part: every replica alike
+                every = weight_pass_every(self.defer_weight_gradients, self.schedule_name, self.stage_model, rows,
+                                          self.num_micro_batches)
                 if every and self.runner.defers_weight_gradients:
                     passes = deferred_schedule(self.schedule_name, self.num_micro_batches,
                                                self.placement.num_stages, self.placement.stage, every,
@@ -300,23 +302,6 @@ class PipelinedModel(keras.Model):
         """Note [Updates in the weight pass] in updates_in_weight_pass.py."""
         return updates_in_weight_pass(self.optimizer, self.placement.num_replicas,
                                       self._collectives.decides_across_stages(self.optimizer, self._global_clipnorm))
-
-    def _weight_pass_every(self, global_size: int) -> int | None:
-        """Micro-batches per weight pass (Note [Deferred weight gradients] in weight_gradients.py); None:
-        each backward accumulates its own weight gradients. True: one weight pass after the last backward
-        (all of a step's micro-batches in one product per layer). The default (None) is True for GPipe,
-        which holds every micro-batch's activations anyway; for 1F1B, whose point is to hold at most
-        S - stage micro-batches, True only where the deferred layers' inputs and output gradients take no
-        more memory than the weight gradients they save accumulating (weight_gradients.defer_by_default)."""
-        defer = self.defer_weight_gradients
-        if defer is None:
-            rows = -(-global_size // self.placement.num_replicas)  # the largest part: all replicas decide alike
-            defer = self.schedule_name == "gpipe" or defer_by_default(self.stage_model, rows)
-        if defer is False:
-            return None
-        if defer is True:
-            return self.num_micro_batches
-        return int(defer)
 
     def _step_graph(self, mode, inputs, targets, weights, start, global_size: int, is_part: bool = False):
         """Traced: this rank's whole step (Note [The schedule inside one graph] in compiled_step.py)."""
@@ -423,14 +408,7 @@ class PipelinedModel(keras.Model):
                     first_stage=self.placement.is_first_stage, last_stage=self.placement.is_last_stage)
 
     def _check_batches(self, x, batch_size) -> None:
-        """Before training: arrays cut into global batches (the last one possibly smaller) that the
-        replicas' micro-batches must divide; a dataset's batches are checked at each step."""
-        if x is None or isinstance(x, tf.data.Dataset):
-            return
-        count = len(keras.tree.flatten(x)[0])
-        size = pipeline_data.DEFAULT_BATCH_SIZE if batch_size is None else int(batch_size)
-        for batch in {min(size, count), count % size} - {0}:
-            check_micro_batches(batch, self.placement.num_replicas, self.num_micro_batches)
+        pipeline_data.check_batches(x, batch_size, self.placement.num_replicas, self.num_micro_batches)
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
             validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
@@ -450,13 +428,8 @@ class PipelinedModel(keras.Model):
                                               batch_map=(make_class_weight_map_fn(class_weight) if class_weight
                                                          else None),
                                               **self._replica_input())
-        validation = None
-        if validation_data is not None:
-            vx, vy, vsw = (keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
-                           if isinstance(validation_data, (tuple, list)) else (validation_data, None, None))
-            validation_batch_size = None if isinstance(vx, tf.data.Dataset) else (validation_batch_size or batch_size)
-            validation = pipeline_data.replica_batches(vx, vy, vsw, batch_size=validation_batch_size,
-                                                       **self._replica_input())
+        validation = None if validation_data is None else pipeline_data.validation_batches(
+            validation_data, validation_batch_size or batch_size, **self._replica_input())
         return super().fit(train, epochs=epochs, verbose=rank_callbacks.verbosity_for_this_rank(verbose),
                            callbacks=rank_callbacks.callbacks_for_this_rank(callbacks), validation_data=validation,
                            shuffle=False, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,

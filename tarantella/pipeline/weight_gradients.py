@@ -83,7 +83,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["DeferredDense", "deferrable_layers", "defer_by_default"]
+__all__ = ["DeferredDense", "deferrable_layers", "defer_by_default", "weight_pass_every"]
 
 # Micro-batches of fewer rows than this take dz kernel^T, TensorFlow's own form (Note [The input gradient as
 # kernel dz^T]).
@@ -114,6 +114,22 @@ def defer_by_default(model: keras.Model, rows: int) -> bool:
     saved = sum(int(np.prod(layer._kernel.shape)) + (layer.bias.shape[0] if layer.bias is not None else 0)
                 for layer in layers)
     return bool(layers) and held <= saved
+
+
+def weight_pass_every(defer, schedule: str, model: keras.Model, rows: int, num_micro_batches: int) -> int | None:
+    """Micro-batches per weight pass (Note [Deferred weight gradients]) for the stage's `model` at `rows` rows per
+    replica and step, with defer_weight_gradients `defer`; None: each backward accumulates its own weight
+    gradients. True: one weight pass after the last backward (all of a step's micro-batches in one product per
+    layer). The default (None) is True for GPipe, which holds every micro-batch's activations anyway; for 1F1B,
+    whose point is to hold at most S - stage micro-batches, True only where the deferred layers' inputs and
+    output gradients take no more memory than the weight gradients they save accumulating (defer_by_default)."""
+    if defer is None:
+        defer = schedule == "gpipe" or defer_by_default(model, rows)
+    if defer is False:
+        return None
+    if defer is True:
+        return num_micro_batches
+    return int(defer)
 
 
 class DeferredDense:

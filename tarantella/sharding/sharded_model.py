@@ -12,7 +12,7 @@ import contextlib
 import keras
 
 from tarantella import runtime, stage_state
-from tarantella.sharding import checkpoint, gathered_weights
+from tarantella.sharding import checkpoint, weight_shards
 from tarantella.sharding.update import shard_model_optimizer, shard_optimizer, sharding_of
 from tarantella.step import optimizers
 
@@ -31,7 +31,7 @@ class ShardedModel:
         self.own_logic = own_logic
         # shard="weights": Note [Weights gathered layer by layer] in gathered_weights.py; every rank takes its own
         # weights from the master's while they are sharded, so the model needs no broadcast of them after.
-        self.gathering = gathered_weights.shard_weights(model, rank, size) if mode == "weights" else None
+        self.gathering = weight_shards.shard_weights(model, rank, size) if mode == "weights" else None
         self._loaded_optimizer = None     # a built optimizer handed to compile: its state, for the sharded one
         self._master_restores_for_all = False
         self._restored_wholes = []        # own training logic: (optimizer, whole) the master restored for all
