@@ -5,10 +5,12 @@
 
 Run with the launcher (`tarantella -n 4 -- train.py`) or plain `python` (1 rank).
 
-The floors of the house, top to bottom; a room imports only rooms on its own floor or below, and the two
-strategies not each other (import-linter's contracts in pyproject.toml, tests/test_architecture.py):
-  faces        keras (tnt.Model, save and load, callbacks: what a user touches), launcher (the command)
-  strategies   pipeline, sharding; data parallelism is tnt.Model's own, run by the shared floor's steps and
+The floors of the house, top to bottom; a room imports only rooms on its own floor or below, and the rooms
+of one floor not each other (import-linter's contracts in pyproject.toml, tests/test_architecture.py):
+  faces        keras (tnt.Model, save and load, callbacks: what a user touches), launcher (the command);
+               below them pipeline (make_pipelined_model, load_model: pipelining's own entry, which hands
+               it sharding's update for shard="optimizer")
+  strategies   pipelining, sharding; data parallelism is tnt.Model's own, run by the shared floor's steps and
                reductions (step/tf_steps.py, step/step_reductions.py)
   shared       _repro (exact mode's step, the recorder), step (the pieces of a training step every strategy
                uses: the step's collectives, gradient and metric reductions, serial random draws, global
@@ -17,8 +19,6 @@ strategies not each other (import-linter's contracts in pyproject.toml, tests/te
   timeline     the trace of a run's steps and collectives, and its analysis
   runtime      runtime, collectives, channels (point to point), stage_state (released variables), tf_ops,
                config, errors, devices, ... over the C++ engine (_engine)
-One import still runs against its floor, listed in the contracts as a debt (issue 40 §1): pipelining's
-replicas of a stage share its optimizer state through sharding's update (pipeline.step_collectives).
 """
 from tarantella.runtime import (init, is_initialized, get_rank, get_size, get_master_rank,
                                 is_master_rank, shutdown)

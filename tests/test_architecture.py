@@ -1,7 +1,5 @@
 """The floors of the house (tarantella/__init__.py names them) run one way: import-linter's contracts in
-pyproject.toml, checked here so that a change importing upward fails with the two modules' names. The
-contracts' ignore_imports are today's debts (issue 40 §1); one that no longer occurs fails too
-(unmatched_ignore_imports_alerting), so the list only shrinks."""
+pyproject.toml, checked here so that a change importing upward fails with the two modules' names."""
 import os
 import subprocess
 import sys

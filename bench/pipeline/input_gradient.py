@@ -1,6 +1,6 @@
 """The two forms of a Dense layer's input gradient, dz kernel^T (TensorFlow's own gradient of x @ kernel)
 and (kernel dz^T)^T, timed on one thread at a micro-batch's rows (Note [The input gradient as kernel dz^T]
-in tarantella/pipeline/weight_gradients.py).
+in tarantella/pipelining/weight_gradients.py).
 
     python -m bench.pipeline.input_gradient [--widths 512,2048] [--rows 4,8,16,32,64,128] [--rounds 3]
 

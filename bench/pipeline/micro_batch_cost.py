@@ -24,7 +24,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tarantella.pipeline.weight_gradients import DeferredDense  # noqa: E402
+from tarantella.pipelining.weight_gradients import DeferredDense  # noqa: E402
 
 
 def main() -> None:

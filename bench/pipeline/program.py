@@ -136,7 +136,7 @@ def optimizer_bytes_for(params_bytes: int) -> int:
 
 
 def live_peak(passes) -> int:
-    from tarantella.pipeline.schedules import Pass, max_live_micro_batches
+    from tarantella.pipelining.schedules import Pass, max_live_micro_batches
     executed = sorted(passes, key=lambda p: p[2])
     return max_live_micro_batches([Pass(kind, m) for kind, m, _, _ in executed])
 

@@ -44,7 +44,7 @@ COLUMNS = ["model", "mode", "schedule", "defer_weight_gradients", "micro_batches
 
 # (schedule, defer_weight_gradients): each schedule's default (GPipe defers its weight gradients to one
 # weight pass per step, 1F1B does not), and 1F1B deferring them too (it then holds the layer inputs of every
-# micro-batch until the weight pass; Note [Deferred weight gradients] in tarantella/pipeline/weight_gradients.py).
+# micro-batch until the weight pass; Note [Deferred weight gradients] in tarantella/pipelining/weight_gradients.py).
 PIPELINES = [("gpipe", "default"), ("1f1b", "default"), ("1f1b", "on")]
 
 

@@ -14,7 +14,7 @@
 // run as soon as their inputs exist, and the step orders them explicitly: a
 // send's input is the tensor it sends, a receive's input is a trigger scalar
 // the pipeline step computes after the pass it is posted ahead of
-// (tarantella/pipeline/compiled_step.py). Since each transfer has its own
+// (tarantella/pipelining/compiled_step.py). Since each transfer has its own
 // (peer, tag) attributes no two are alike, so no optimisation merges them,
 // and the step consumes every send's token, so none is pruned.
 #include <memory>

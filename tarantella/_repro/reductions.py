@@ -40,7 +40,7 @@ class ReductionCounter:
 
     def __init__(self, model):
         self.model = model
-        self.counted = not type(model).__module__.startswith("tarantella.pipeline")
+        self.counted = not type(model).__module__.startswith("tarantella.pipelining")
         self.source = "engine (FusedReducer::reductions_completed)"
         self._seen: dict[int, list] = {}   # id -> [allreducer (kept alive), count, last finish times]
 

@@ -80,7 +80,7 @@ class Model(Wrapping, ModelFiles, keras.Model):
     "weights": it also holds only their weights, which each layer gathers when it runs (stage 3, Note [Weights
     gathered layer by layer] in tarantella/sharding/gathered_weights.py); None: the launcher's --shard (default
     off). With ALL, "optimizer" shards each stage's optimizer state over the stage's replicas (Note [A stage's
-    replicas share its optimizer state] in tarantella/pipeline/step_collectives.py); stages 2-3 not."""
+    replicas share its optimizer state] in tarantella/pipelining/step_collectives.py); stages 2-3 not."""
 
     # What tnt-repro's records call this model's strategy (read there without importing this module).
     tnt_strategy = "data parallel (tnt.Model)"

@@ -1,20 +1,20 @@
-"""Pipeline parallelism: a functional Keras model cut into stages on different
-ranks, trained with synchronous semantics (the same update as the unpartitioned
-model), optionally with data-parallel replicas of every stage.
+"""Pipeline parallelism, as users reach it: a functional Keras model cut into stages on different
+ranks, trained with synchronous semantics (the same update as the unpartitioned model),
+optionally with data-parallel replicas of every stage.
 
     import tarantella as tnt
     from tarantella.keras.layers import SplitLayer
     x = SplitLayer()(x)                                   # a cut point in the functional model
     model = tnt.pipeline.make_pipelined_model(model, num_micro_batches=4, schedule="1f1b")
 
-Files: split_layer.py (the cut point), partition.py (stages, crossing tensors), cut.py and
-balance.py (where to cut), topology.py (rank -> replica, stage), schedules.py (GPipe, 1F1B),
-compiled_step.py (one step on one rank, traced, with in-graph transfers), pipelined_model.py
-(the keras.Model), entry.py (how tnt.Model(..., PIPELINING or ALL) gets one, or none on one
-rank). Beneath, shared with sharding: tarantella/stage_state.py (each rank keeps only its stage;
-gather on save) and tarantella/channels.py (the engine's point-to-point channels).
+This package is a face, beside tarantella.keras: make_pipelined_model and load_model here,
+entry.py (how tnt.Model(..., PIPELINING or ALL) gets a pipelined model, or none on one rank).
+The strategy itself is tarantella.pipelining; a face hands it what it needs of another strategy
+(sharding's update, for shard="optimizer" over a stage's replicas).
 """
 from __future__ import annotations
+
+import functools
 
 __all__ = ["make_pipelined_model", "PipelinedModel", "SplitLayer", "load_model"]
 
@@ -38,7 +38,10 @@ def make_pipelined_model(model, *, num_micro_batches: int | None = None, schedul
         inputs and output gradients of a step take no more memory than their weight gradients
         (Dense(W) layers: 2 x rows per replica <= W), else False (keeps its activation bound).
     """
-    from tarantella.pipeline.pipelined_model import PipelinedModel
+    from tarantella.pipelining.pipelined_model import PipelinedModel
+    if kwargs.get("shard") is not None:   # Note [A stage's replicas share its optimizer state] in step_collectives.py
+        from tarantella.sharding.update import shard_model_optimizer
+        kwargs["shard_optimizer"] = functools.partial(shard_model_optimizer, mode="optimizer")
     return PipelinedModel(model, num_micro_batches=num_micro_batches, schedule=schedule,
                           num_pipeline_stages=num_pipeline_stages, data_parallel=data_parallel, **kwargs)
 
@@ -65,9 +68,9 @@ def load_model(filepath, *, num_micro_batches: int | None = None, schedule: str 
 
 def __getattr__(name):
     if name == "PipelinedModel":
-        from tarantella.pipeline.pipelined_model import PipelinedModel
+        from tarantella.pipelining.pipelined_model import PipelinedModel
         return PipelinedModel
     if name == "SplitLayer":
-        from tarantella.pipeline.split_layer import SplitLayer
+        from tarantella.pipelining.split_layer import SplitLayer
         return SplitLayer
     raise AttributeError(f"module 'tarantella.pipeline' has no attribute {name!r}")

@@ -42,7 +42,7 @@ class WeightHandoff:
     def __init__(self, rank: int, size: int, channels, total_bytes: int = 0, group=None):
         """group: the collectives.Group whose members `rank`, `size` and the owners count (None: the world; a
         pipeline stage's replicas, Note [A stage's replicas share its optimizer state] in
-        tarantella/pipeline/step_collectives.py)."""
+        tarantella/pipelining/step_collectives.py)."""
         self.rank = rank
         self.size = size
         self.channels = channels          # kept open while the step graph uses its id

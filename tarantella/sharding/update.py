@@ -88,7 +88,7 @@ class ShardedUpdate:
     (opens channels: a collective). `build` builds the optimizer (default: its own build). `mode`: "optimizer"
     (stage 1) or "gradients" (stage 2: `reduce_to_owners` sums the gradients). `group`: the collectives.Group
     whose members `size` and `rank` count, for mode "optimizer" (None: the world; a pipeline stage's replicas,
-    Note [A stage's replicas share its optimizer state] in tarantella/pipeline/step_collectives.py)."""
+    Note [A stage's replicas share its optimizer state] in tarantella/pipelining/step_collectives.py)."""
 
     def __init__(self, variables: list, optimizer, size: int, rank: int, build=None, mode: str = "optimizer",
                  group=None):

@@ -93,7 +93,7 @@ def of_step(model, batch, global_size, samples) -> BatchPosition | None:
 def of_rows(start: int, rows: int, global_size: int, *, world_size: int, rank: int, batch_norm: str,
             statistics_allreduce) -> BatchPosition:
     """The position of rows [start, start + rows) of a global batch of `global_size`, all known when tracing
-    (a pipeline's micro-batch: tarantella/pipeline/compiled_step.py)."""
+    (a pipeline's micro-batch: tarantella/pipelining/compiled_step.py)."""
     constant = lambda value: tf.constant(value, tf.int64)  # noqa: E731
     return BatchPosition(start=constant(start), rows=constant(rows), samples=constant(rows),
                          global_size=constant(global_size), static_rows=rows, world_size=world_size,

@@ -40,7 +40,7 @@ moments: equal on every rank, and equal to serial's.
 
 In a pipeline the statistics are those of each micro-batch over the stage's
 replicas (Note [A pipeline's micro-batches and the layers that look at the
-batch] in tarantella/pipeline/compiled_step.py); in exact mode those of each
+batch] in tarantella/pipelining/compiled_step.py); in exact mode those of each
 virtual micro-batch (Note [BatchNormalization in exact mode]).
 
 `tnt.Model(model, batch_norm="local")` keeps each rank's micro-batch statistics

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from tarantella import memory_budget
 from tarantella.data import distributed_dataset as dd, python_input, user_input
-from tarantella.pipeline import data as pipeline_data
+from tarantella.pipelining import data as pipeline_data
 
 X = np.arange(30 * 2, dtype=np.float32).reshape(30, 2)
 Y = np.arange(30, dtype=np.int64)

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from tarantella.keras.layers import SplitLayer
-from tarantella.pipeline import balance
-from tarantella.pipeline.partition import graph_of, partition, stages_from_split_layers
-from tarantella.pipeline.schedules import (BACKWARD, FORWARD, WEIGHT, check_micro_batches, deferred_schedule, gpipe,
+from tarantella.pipelining import balance
+from tarantella.pipelining.partition import graph_of, partition, stages_from_split_layers
+from tarantella.pipelining.schedules import (BACKWARD, FORWARD, WEIGHT, check_micro_batches, deferred_schedule, gpipe,
                                            ideal_bubble_fraction, max_live_micro_batches, one_f_one_b, schedule,
                                            with_weight_passes)
-from tarantella.pipeline.topology import place
+from tarantella.pipelining.topology import place
 
 
 def two_cut_model():
@@ -144,7 +144,7 @@ def test_weight_passes_follow_their_backwards_and_count_as_held():
 
 
 def test_one_f_one_b_defers_weight_gradients_only_where_that_holds_less_than_they_take():
-    from tarantella.pipeline.weight_gradients import defer_by_default
+    from tarantella.pipelining.weight_gradients import defer_by_default
 
     def dense_chain(width, layers=2):
         x = keras.Input((width,))

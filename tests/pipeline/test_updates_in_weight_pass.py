@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tarantella.pipeline.updates_in_weight_pass import UpdatesInWeightPass, updates_in_weight_pass
+from tarantella.pipelining.updates_in_weight_pass import UpdatesInWeightPass, updates_in_weight_pass
 
 
 def make_variables():

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tarantella.pipeline import weight_gradients
-from tarantella.pipeline.weight_gradients import DeferredDense
+from tarantella.pipelining import weight_gradients
+from tarantella.pipelining.weight_gradients import DeferredDense
 
 
 def model_of(activation, use_bias):

@@ -17,7 +17,7 @@ import numpy as np
 import tarantella as tnt
 from tarantella.keras.layers import SplitLayer
 from tarantella.pipeline import load_model
-from tarantella.pipeline.schedules import Pass, max_live_micro_batches
+from tarantella.pipelining.schedules import Pass, max_live_micro_batches
 
 parser = argparse.ArgumentParser()
 parser.add_argument("stages", type=int)

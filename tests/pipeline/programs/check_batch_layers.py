@@ -1,5 +1,5 @@
 """A pipeline's layers that look at the batch, against serial Keras (issue 19 §1, §2; Note [A pipeline's
-micro-batches and the layers that look at the batch] in tarantella/pipeline/compiled_step.py).
+micro-batches and the layers that look at the batch] in tarantella/pipelining/compiled_step.py).
 
     check_batch_layers.py       on 2 x R ranks: 2 stages, R replicas (ParallelStrategy.ALL when R > 1)
 

@@ -25,7 +25,8 @@ import tensorflow as tf
 
 import tarantella as tnt
 from tarantella.keras.layers import SplitLayer
-from tarantella.pipeline import compiled_step, make_pipelined_model, weight_gradients
+from tarantella.pipeline import make_pipelined_model
+from tarantella.pipelining import compiled_step, weight_gradients
 
 parser = argparse.ArgumentParser()
 parser.add_argument("point")

@@ -45,11 +45,11 @@ import logging
 
 import tensorflow as tf
 
-from tarantella import collectives, runtime, sharding
+from tarantella import collectives, runtime
 from tarantella.step.graph_allreduce import GraphAllreducer
 from tarantella.step.in_graph_sum import InGraphSum
-from tarantella.pipeline.compiled_step import LAYER_LOSSES_TAG, StageStep
-from tarantella.pipeline.topology import Placement
+from tarantella.pipelining.compiled_step import LAYER_LOSSES_TAG, StageStep
+from tarantella.pipelining.topology import Placement
 
 __all__ = ["StepCollectives", "check_shard"]
 
@@ -69,8 +69,11 @@ class StepCollectives:
     """Made collectively on every rank: the stage's group (its replicas) and the replica's group (its
     stages); the allreducers are made when first traced, in the same order on every rank of a group."""
 
-    def __init__(self, placement: Placement, runner: StageStep):
+    def __init__(self, placement: Placement, runner: StageStep, shard_optimizer=None):
         self.placement = placement
+        # shard="optimizer": sharding's update, handed by the face (tarantella/pipeline/__init__.py), called as
+        # shard_optimizer(optimizer, group=...); pipelining imports no other strategy
+        self._shard_optimizer = shard_optimizer
         self.runner = runner
         size = runtime.get_size()
         self.stage_group = collectives.Group.world().split(placement.stage) if size > 1 else None
@@ -98,7 +101,7 @@ class StepCollectives:
             logger.info("tarantella: shard='optimizer' with one replica per stage keeps each stage's optimizer "
                         "state whole (there are no replicas to share it)")
             return
-        sharding.shard_model_optimizer(optimizer, "optimizer", group=self.stage_group)
+        self._shard_optimizer(optimizer, group=self.stage_group)
 
     def statistics_allreduce(self, tensor):
         """The sum over this stage's replicas of a small tensor a layer needs at once (BatchNormalization's

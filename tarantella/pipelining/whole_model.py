@@ -13,8 +13,8 @@ import keras
 import numpy as np
 
 from tarantella import collectives, deferred_build, runtime, stage_state
-from tarantella.pipeline.partition import Partition
-from tarantella.pipeline.topology import Placement
+from tarantella.pipelining.partition import Partition
+from tarantella.pipelining.topology import Placement
 
 __all__ = ["WholeModel"]
 

@@ -2,7 +2,7 @@
 
 Every operation of the model gets a stage, either from the SplitLayers
 (`stages_from_split_layers`) or from the automatic balancing
-(tarantella/pipeline/balance.py). `partition` then builds, for each stage, a
+(tarantella/pipelining/balance.py). `partition` then builds, for each stage, a
 Keras sub-model of the SAME layer objects (so weights are shared with the
 user's model and nothing is copied) plus the list of tensors that cross
 between stages.
@@ -21,7 +21,7 @@ import dataclasses
 
 import keras
 
-from tarantella.pipeline.split_layer import SplitLayer, check_single_tensor
+from tarantella.pipelining.split_layer import SplitLayer, check_single_tensor
 
 __all__ = ["Edge", "StagePlan", "Partition", "graph_of", "stages_from_split_layers", "partition"]
 

@@ -3,7 +3,7 @@
     model = make_pipelined_model(keras_model, num_micro_batches=4, schedule="1f1b")
     model.compile(optimizer, loss, metrics); model.fit(x, y, batch_size=GLOBAL_BATCH)
 
-Each rank holds one stage (tarantella/pipeline/partition.py) of one replica
+Each rank holds one stage (tarantella/pipelining/partition.py) of one replica
 (topology.py); `fit`/`evaluate`/`predict` give every rank the same results as
 the unpartitioned model on the same global batches (Note [Scaling the
 micro-batch loss] in compiled_step.py). A step is one tf.function per rank:
@@ -51,21 +51,21 @@ import tensorflow as tf
 from tarantella import channels as peer_channels, collectives, runtime, stage_state
 from tarantella._repro import exact_train_step
 from tarantella.data import distributed_dataset, serial_order
-from tarantella.pipeline import data as pipeline_data
+from tarantella.pipelining import data as pipeline_data
 from tarantella.step import batch_position, global_batch_norm, optimizers, rank_callbacks, serial_random
 from tarantella.step.adam_in_one_pass import adam_in_one_pass
-from tarantella.pipeline.cut import choose_stages
-from tarantella.pipeline.partition import graph_of, partition
-from tarantella.pipeline.schedules import (FORWARD, Pass, check_micro_batches, deferred_schedule,
+from tarantella.pipelining.cut import choose_stages
+from tarantella.pipelining.partition import graph_of, partition
+from tarantella.pipelining.schedules import (FORWARD, Pass, check_micro_batches, deferred_schedule,
                                            schedule as make_schedule)
-from tarantella.pipeline.compiled_step import MicroBatchData, StageStep
-from tarantella.pipeline.stage_errors import naming_the_stage
-from tarantella.pipeline.step_collectives import StepCollectives, check_shard
-from tarantella.pipeline.step_logs import StepLogs
-from tarantella.pipeline.topology import place
-from tarantella.pipeline.updates_in_weight_pass import UpdatesInWeightPass, updates_in_weight_pass
-from tarantella.pipeline.weight_gradients import weight_pass_every
-from tarantella.pipeline.whole_model import WholeModel
+from tarantella.pipelining.compiled_step import MicroBatchData, StageStep
+from tarantella.pipelining.stage_errors import naming_the_stage
+from tarantella.pipelining.step_collectives import StepCollectives, check_shard
+from tarantella.pipelining.step_logs import StepLogs
+from tarantella.pipelining.topology import place
+from tarantella.pipelining.updates_in_weight_pass import UpdatesInWeightPass, updates_in_weight_pass
+from tarantella.pipelining.weight_gradients import weight_pass_every
+from tarantella.pipelining.whole_model import WholeModel
 
 try:
     from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
@@ -97,10 +97,15 @@ class PipelinedModel(keras.Model):
     def __init__(self, model: keras.Model, *, num_micro_batches: int | None = None, schedule: str = "1f1b",
                  num_pipeline_stages: int | None = None, data_parallel: bool = False, balance_by: str = "time",
                  defer_weight_gradients: bool | int | None = None, name: str | None = None,
-                 batch_norm: str = batch_position.GLOBAL_BATCH_NORM, shard: str | None = None):
+                 batch_norm: str = batch_position.GLOBAL_BATCH_NORM, shard: str | None = None,
+                 shard_optimizer=None):
         runtime.init()
         batch_position.check_batch_norm(batch_norm)
         check_shard(shard)
+        if shard is not None and shard_optimizer is None:
+            raise ValueError("tarantella: a pipeline's shard='optimizer' needs sharding's update, which the faces "
+                             "hand it: build the model with tnt.Model(model, parallel_strategy=tnt.ParallelStrategy."
+                             "ALL, shard='optimizer') or tarantella.pipeline.make_pipelined_model(..., shard=...)")
         if exact_train_step.virtual_batches_from_environment():
             raise ValueError("tarantella: exact mode (TNT_EXACT_VIRTUAL_BATCHES, tnt-repro --mode exact) splits the "
                              "data-parallel train step into virtual micro-batches; a pipeline sums its micro-batches' "
@@ -135,7 +140,7 @@ class PipelinedModel(keras.Model):
         self.shard = shard
         self._channels = peer_channels.open_channels() if num_stages > 1 else None
         self.runner = StageStep(self.partition, placement, self._channels)
-        self._collectives = StepCollectives(placement, self.runner)
+        self._collectives = StepCollectives(placement, self.runner, shard_optimizer)
         self.batch_norm = self.runner.batch_norm = batch_norm
         if placement.num_replicas > 1:  # BatchNormalization over the stage's replicas (compiled_step.py)
             self.runner.statistics_allreduce = self._collectives.statistics_allreduce
@@ -403,7 +408,7 @@ class PipelinedModel(keras.Model):
     # --- fit / evaluate / predict ------------------------------------------------------------
 
     def _replica_input(self) -> dict:
-        """Where this rank reads (tarantella/pipeline/data.py replica_batches)."""
+        """Where this rank reads (tarantella/pipelining/data.py replica_batches)."""
         return dict(num_replicas=self.placement.num_replicas, replica=self.placement.replica,
                     first_stage=self.placement.is_first_stage, last_stage=self.placement.is_last_stage)
 

@@ -21,8 +21,8 @@ import tensorflow as tf
 from tarantella import collectives, runtime
 from tarantella.step.graph_allreduce import GraphAllreducer
 from tarantella.step.metric_reduction import graph_global_results, metric_variables, results_from_state
-from tarantella.pipeline.compiled_step import LOGS_TAG, StageStep
-from tarantella.pipeline.topology import Placement
+from tarantella.pipelining.compiled_step import LOGS_TAG, StageStep
+from tarantella.pipelining.topology import Placement
 
 __all__ = ["StepLogs", "LOG_SLOTS"]
 

@@ -6,9 +6,9 @@ import logging
 import keras
 
 from tarantella import collectives, runtime
-from tarantella.pipeline.split_layer import SplitLayer
-from tarantella.pipeline import balance
-from tarantella.pipeline.partition import Graph, stages_from_split_layers
+from tarantella.pipelining.split_layer import SplitLayer
+from tarantella.pipelining import balance
+from tarantella.pipelining.partition import Graph, stages_from_split_layers
 
 __all__ = ["choose_stages"]
 

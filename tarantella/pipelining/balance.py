@@ -19,7 +19,7 @@ import time
 import keras
 import numpy as np
 
-from tarantella.pipeline.partition import Graph
+from tarantella.pipelining.partition import Graph
 
 __all__ = ["parameter_costs", "measure_costs", "balanced_cut", "stages_from_cut", "earliest_cut"]
 

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tarantella.data import batching, distributed_dataset, user_input
-from tarantella.pipeline.schedules import check_micro_batches
+from tarantella.pipelining.schedules import check_micro_batches
 
 __all__ = ["global_batches", "replica_batches", "split_for_validation", "replica_part", "micro_batch_bounds",
            "validation_batches", "check_batches"]

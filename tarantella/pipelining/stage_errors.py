@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tarantella.pipeline.topology import Placement
+from tarantella.pipelining.topology import Placement
 
 __all__ = ["naming_the_stage"]
 

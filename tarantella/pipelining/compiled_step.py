@@ -73,10 +73,10 @@ from tensorflow.python.framework import config as tf_config
 
 from tarantella import tf_ops, timeline
 from tarantella.step import batch_position, serial_random
-from tarantella.pipeline.partition import Partition
-from tarantella.pipeline.schedules import BACKWARD, FORWARD, WEIGHT, Pass
-from tarantella.pipeline.topology import Placement
-from tarantella.pipeline.weight_gradients import DeferredDense, deferrable_layers
+from tarantella.pipelining.partition import Partition
+from tarantella.pipelining.schedules import BACKWARD, FORWARD, WEIGHT, Pass
+from tarantella.pipelining.topology import Placement
+from tarantella.pipelining.weight_gradients import DeferredDense, deferrable_layers
 
 __all__ = ["StageStep", "StepTrace", "MicroBatchData", "LAYER_LOSSES_TAG", "LOGS_TAG"]
 
