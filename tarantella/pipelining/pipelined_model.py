@@ -96,16 +96,11 @@ class PipelinedModel(keras.Model):
 
     def __init__(self, model: keras.Model, *, num_micro_batches: int | None = None, schedule: str = "1f1b",
                  num_pipeline_stages: int | None = None, data_parallel: bool = False, balance_by: str = "time",
-                 defer_weight_gradients: bool | int | None = None, name: str | None = None,
-                 batch_norm: str = batch_position.GLOBAL_BATCH_NORM, shard: str | None = None,
-                 shard_optimizer=None):
+                 defer_weight_gradients: bool | int | None = None, name: str | None = None, shard_optimizer=None,
+                 batch_norm: str = batch_position.GLOBAL_BATCH_NORM, shard: str | None = None):
         runtime.init()
         batch_position.check_batch_norm(batch_norm)
-        check_shard(shard)
-        if shard is not None and shard_optimizer is None:
-            raise ValueError("tarantella: a pipeline's shard='optimizer' needs sharding's update, which the faces "
-                             "hand it: build the model with tnt.Model(model, parallel_strategy=tnt.ParallelStrategy."
-                             "ALL, shard='optimizer') or tarantella.pipeline.make_pipelined_model(..., shard=...)")
+        check_shard(shard, shard_optimizer)
         if exact_train_step.virtual_batches_from_environment():
             raise ValueError("tarantella: exact mode (TNT_EXACT_VIRTUAL_BATCHES, tnt-repro --mode exact) splits the "
                              "data-parallel train step into virtual micro-batches; a pipeline sums its micro-batches' "

@@ -56,13 +56,18 @@ __all__ = ["StepCollectives", "check_shard"]
 logger = logging.getLogger("tarantella")
 
 
-def check_shard(shard) -> None:
-    """Note [A stage's replicas share its optimizer state]: the ZeRO stage a pipeline takes."""
+def check_shard(shard, shard_optimizer) -> None:
+    """Note [A stage's replicas share its optimizer state]: the ZeRO stage a pipeline takes, and sharding's update,
+    which the faces hand it (shard_optimizer)."""
     if shard not in (None, "optimizer"):
         raise ValueError(f"tarantella: shard={shard!r} (or the launcher's --shard) is not available with pipelining "
                          f"(PIPELINING or ALL): a stage sums its gradients over the micro-batches, so only the "
                          f"optimizer state is sharded over a stage's replicas (as DeepSpeed's pipeline engine allows "
                          f"ZeRO-1 only); use shard='optimizer', or ParallelStrategy.DATA")
+    if shard is not None and shard_optimizer is None:
+        raise ValueError("tarantella: a pipeline's shard='optimizer' needs sharding's update, which the faces "
+                         "hand it: build the model with tnt.Model(model, parallel_strategy=tnt.ParallelStrategy."
+                         "ALL, shard='optimizer') or tarantella.pipeline.make_pipelined_model(..., shard=...)")
 
 
 class StepCollectives:
