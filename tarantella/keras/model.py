@@ -34,7 +34,6 @@ take the direct path (tf_steps.py), which scales the loss instead.
 from __future__ import annotations
 
 import contextlib
-import logging
 
 import keras
 import numpy as np
@@ -50,15 +49,12 @@ from tarantella.keras.parallel_strategy import ParallelStrategy
 from tarantella.keras.wrapping import Wrapping
 from tarantella.pipeline import entry
 from tarantella.sharding.sharded_model import ShardedModel
-from tarantella.step import (batch_position, empty_micro_batch, global_batch_norm, metric_reduction, optimizers,
-                             initial_weights,
-                             rank_callbacks, serial_random, tf_steps)
+from tarantella.step import (batch_position, empty_micro_batch, global_batch_norm, initial_weights, metric_reduction,
+                             optimizers, rank_callbacks, serial_random, tf_steps)
 from tarantella.step.step_reductions import StepReductions
 from tarantella.timeline import step_events
 
 __all__ = ["Model"]
-
-logger = logging.getLogger("tarantella")
 
 
 def _reductions_attribute(name: str) -> property:
