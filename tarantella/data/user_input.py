@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tarantella.data import batching, distributed_dataset, order_check, python_input, rank_pipeline
 
-__all__ = ["distribute", "split_for_validation", "validation_parts", "as_arrays"]
+__all__ = ["distribute", "split_for_validation", "validation_parts", "unpack_validation_data", "as_arrays"]
 
 DEFAULT_BATCH_SIZE = 32
 
@@ -155,13 +155,18 @@ def validation_parts(validation_data, validation_batch_size, batch_size, micro_b
                      size: int):
     """fit's validation_data as (x, y, sample_weight, global batch size): a Dataset keeps its own batches; arrays
     take validation_batch_size, else fit's batch_size, else (with micro-batch sizes) micro-batches x ranks."""
-    if isinstance(validation_data, (tuple, list)):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
-    else:
-        x, y, sample_weight = validation_data, None, None
+    x, y, sample_weight = unpack_validation_data(validation_data)
     if isinstance(x, tf.data.Dataset):
         return x, y, sample_weight, None
     validation_batch_size = validation_batch_size or (None if validation_micro_batch_size else batch_size)
     if validation_batch_size is None and validation_micro_batch_size is None:
         validation_batch_size = micro_batch_size * size if micro_batch_size else None
     return x, y, sample_weight, validation_batch_size
+
+
+def unpack_validation_data(validation_data) -> tuple:
+    """fit's validation_data as (x, y, sample_weight), as Keras reads it: a tuple or list is (x, y[, sample_weight]),
+    anything else (a Dataset, a PyDataset) is x alone."""
+    if isinstance(validation_data, (tuple, list)):
+        return keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
+    return validation_data, None, None

@@ -41,12 +41,11 @@ sharded optimizer updates the owned weights:
 from __future__ import annotations
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from tarantella import collectives, runtime, stage_state
+from tarantella import runtime, stage_state
 from tarantella.data import distributed_dataset, user_input
-from tarantella.step import gradient_reduction, sparse_gradients
+from tarantella.step import gradient_reduction, initial_weights, sparse_gradients
 from tarantella.step.graph_allreduce import GraphAllreducer
 from tarantella.sharding import gathered_weights, update as sharding_update, weight_shards
 
@@ -123,10 +122,7 @@ def broadcast_variables(variables, root: int | None = None) -> None:
     if sharded:
         raise ValueError(f"tarantella: {sharded[:3]} are held by their owners only (tnt.shard_weights); "
                          f"tnt.shard_weights starts every rank from the master's values itself, broadcast before it")
-    for variable in variables:
-        value = collectives.broadcast(np.array(variable.numpy(), copy=True), root=root)
-        if runtime.get_rank() != root:
-            variable.assign(value)
+    initial_weights.broadcast_into(variables, root)
 
 
 def shard_weights(model: keras.Model) -> gathered_weights.WeightGathering:

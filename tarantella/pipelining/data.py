@@ -132,7 +132,6 @@ def check_batches(x, batch_size, num_replicas: int, num_micro_batches: int) -> N
 
 def validation_batches(validation_data, batch_size, **replica_input) -> tf.data.Dataset:
     """fit's validation_data as replica_batches: a Dataset keeps its own batches, arrays take `batch_size`."""
-    x, y, sample_weight = (keras.utils.unpack_x_y_sample_weight(tuple(validation_data))
-                           if isinstance(validation_data, (tuple, list)) else (validation_data, None, None))
+    x, y, sample_weight = user_input.unpack_validation_data(validation_data)
     return replica_batches(x, y, sample_weight, batch_size=None if isinstance(x, tf.data.Dataset) else batch_size,
                            **replica_input)

@@ -15,6 +15,7 @@ import numpy as np
 from tarantella import collectives, deferred_build, runtime, stage_state
 from tarantella.pipelining.partition import Partition
 from tarantella.pipelining.topology import Placement
+from tarantella.step import initial_weights
 
 __all__ = ["WholeModel"]
 
@@ -60,11 +61,9 @@ class WholeModel:
         for variable in deferred:
             if id(variable) not in others:  # this stage's, or state every rank keeps (a random layer's seeds)
                 deferred_build.initialize(variable)
-        if runtime.get_size() > 1:
-            root, drawn = runtime.get_master_rank(), {id(v) for v in deferred}
-            for variable in self.model.weights:
-                if id(variable) not in drawn:  # the same variables on every rank: all built eagerly
-                    variable.assign(collectives.broadcast(np.array(variable.numpy(), copy=True), root=root))
+        if runtime.get_size() > 1:   # the weights built eagerly, the same variables on every rank
+            drawn = {id(v) for v in deferred}
+            initial_weights.broadcast_into([v for v in self.model.weights if id(v) not in drawn])
         self.release_other_stages()  # the other stages' deferred weights too: they never get storage
 
     def release_other_stages(self) -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 
 import keras
-import numpy as np
 
-from tarantella import collectives, deferred_build, runtime, stage_state
+from tarantella import deferred_build, stage_state
 from tarantella.sharding.gathered_weights import WeightGathering
 from tarantella.sharding.owners import assign_owners, describe, variable_bytes
+from tarantella.step import initial_weights
 
 __all__ = ["units_of", "check_gatherable", "shard_weights"]
 
@@ -71,9 +71,7 @@ def shard_weights(model, rank: int, size: int) -> WeightGathering:
     trainable = {id(v) for v in variables}
     deferred = [v for v in model.variables if deferred_build.is_deferred(v)]
     built = [v for v in model.variables if not deferred_build.is_deferred(v)]
-    root = runtime.get_master_rank()
-    for variable in built:   # an eagerly built model: every rank starts from the master's values
-        variable.assign(collectives.broadcast(np.array(variable.numpy(), copy=True), root=root))
+    initial_weights.broadcast_into(built)   # an eagerly built model: every rank starts from the master's values
     deferred_build.take_master_seeds(deferred)
     for variable in deferred:
         if id(variable) in owned or id(variable) not in trainable:
