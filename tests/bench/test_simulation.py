@@ -129,3 +129,18 @@ def test_a_profile_measured_far_from_the_simulated_micro_batch_is_noted(run_cli,
     assert len(notes) == (1 if noted else 0), err
     if noted:
         assert "micro-batch 8" in notes[0] and "micro-batch 64" in notes[0]
+
+
+def test_no_micro_batch_note_where_the_cluster_publishes_the_models_throughput(run_cli, tmp_path):
+    """HPC-DA states the Transformer's V100 throughput (Vaswani et al.): the profile times nothing there, so its
+    micro-batch is no reason for a note; SuperMUC-NG states none, and computes from the profile."""
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(fake_profile(model="transformer")))
+    for cluster, noted in (("hpc_da", False), ("supermuc_ng", True)):
+        code, _, err = run_cli("scaling", "--model", "transformer", "--devices", "1,4", "--simulate",
+                               "--cluster", cluster, "--model-profile", str(path), "--micro-batch", "64",
+                               "--out", str(tmp_path / cluster), "--no-plots", "--quiet")
+        assert code == 0, err
+        assert ("tnt-bench: note: the model profile" in err) == noted, (cluster, err)
+    runs = pd.read_csv(tmp_path / "hpc_da" / "runs.csv")
+    assert (runs["predicted_compute_source"] == "published").all()

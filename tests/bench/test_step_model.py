@@ -170,8 +170,9 @@ def test_input_pipeline_cost():
 def test_weak_and_strong_scaling_and_published_throughput():
     cluster = load_cluster_profile("hpc_da")
     profile = fake_profile(model="resnet50")
-    weak = predict_step(profile, cluster, 128, 1)
-    assert weak.compute_s == pytest.approx(128 / 432.0)     # the published figure
+    published = cluster.model_steps["resnet50"]
+    weak = predict_step(profile, cluster, 2 * published.micro_batch, 1)
+    assert weak.compute_s == pytest.approx(2 * published.micro_batch / published.examples_per_s)  # scaled linearly
     assert weak.compute_source == "published"
     strong = predict_step(profile, cluster, 64, 2)          # global 128 over 2 devices
     assert strong.compute_s < weak.compute_s
