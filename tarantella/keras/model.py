@@ -42,6 +42,7 @@ import tensorflow as tf
 from tarantella import collectives, deferred_build, runtime, sharding, timeline
 from tarantella._repro import exact_train_step
 from tarantella._repro import hook as repro_hook
+from tarantella.elastic import fit_commits
 from tarantella.data import distributed_dataset, order_check, serial_order, user_input
 from tarantella.keras import class_weights, distributed_optimizer, models, user_steps
 from tarantella.keras.model_files import ModelFiles
@@ -318,6 +319,9 @@ class Model(Wrapping, ModelFiles, keras.Model):
                                           what="validation_batch_size")
         self._prepare(train)
         self._build_optimizer_before_the_step_is_traced()
+        resume = fit_commits.prepare(self, train, initial_epoch, steps_per_epoch)  # None unless --elastic
+        if resume is not None:
+            train, initial_epoch = resume.dataset, resume.initial_epoch
         virtual_batches = exact_train_step.virtual_batches_from_environment()
         if virtual_batches:
             exact_train_step.prepare(virtual_batches, self.world_size, weights_sharded=self._gathering is not None,
@@ -326,9 +330,13 @@ class Model(Wrapping, ModelFiles, keras.Model):
         callbacks = (list(rank_callbacks.callbacks_for_this_rank(callbacks, collective_saves=self.is_sharded) or [])
                      + repro_hook.extra_callbacks())
         callbacks += order_check.callbacks(train=train, test=validation)  # collective, on every rank
+        if resume is not None:
+            callbacks.append(resume.callback)
         if timeline.enabled():  # Note [Timeline span names]
             callbacks.append(step_events.TimelineCallback(self._reductions.timeline_allreducers))
         self._validation_dataset = validation
+        if resume is not None:
+            resume.install(self)
         try:
             return super().fit(train, epochs=epochs, verbose=rank_callbacks.verbosity_for_this_rank(verbose),
                                callbacks=callbacks,

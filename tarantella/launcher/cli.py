@@ -127,6 +127,32 @@ Failures and exit codes
   every rank started within --launch-timeout): one line naming the host.
   Ctrl-C or SIGTERM stop the job.
 
+Elastic jobs
+  --elastic                 a job that loses ranks goes on with the others: when a
+                            rank is killed, hangs past --timeout or sits on a host
+                            whose network is gone, the launcher ends that generation
+                            of the job and starts the next one on the rest (a killed
+                            rank gives up its slot, a silent host is dropped whole);
+                            its ranks restore the last commit and train on with the
+                            same global batch. tnt.Model.fit commits after every step
+                            (weights, optimizer, metrics, the data's position); a
+                            program failing on its own still ends the job
+  --min-ranks M             elastic: fewer than M ranks left ends the job; default 1
+  --commit-dir DIR          elastic: where each host keeps its copy of the commits;
+                            default: a directory of the job's in /dev/shm (memory),
+                            removed when the job ends
+  --host-discovery-script CMD
+                            elastic: CMD prints the hosts the job may use now, one
+                            per line (`host`, `host:K`, `host slots=K`); run every
+                            --discovery-interval seconds (default 5). Without it, a
+                            --hostfile is read again at that interval. When the hosts
+                            change, the ranks leave at the end of a step, committed,
+                            and the next generation runs on the new hosts
+  --max-ranks N             elastic: grow to at most N ranks; default: every slot
+  --commit-every N          elastic: commit every N steps (and at every epoch's end);
+                            default 1. A loss then redoes up to N-1 steps (from the
+                            commit: the result is the same)
+
 Mechanics
   The launcher runs `mpirun` found next to its Python interpreter, else on PATH
   (Open MPI or MPICH, told apart by `mpirun --version`), also inside a Slurm
@@ -162,6 +188,8 @@ from .local_host import LocalHost, probe_local_host
 from .mpi_detect import MpiLauncher, MpiNotFound, find_launcher
 from .mpirun_command import build_command, format_command
 from .setting_flags import SettingValueError, add_setting_flags, settings_manual
+from .elastic import capped, run_elastic
+from .host_discovery import HostSource
 from .supervisor import run_job
 
 __all__ = ["main", "build_parser", "MANUAL"]
@@ -223,6 +251,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="as --pin-to-socket, with numactl --membind (memory only from it)")
     parser.add_argument("--python-interpreter", metavar="STR", default=None,
                         help=f"runs .py programs (default: {sys.executable}); '' runs a binary")
+    parser.add_argument("--elastic", action="store_true",
+                        help="go on with the other ranks when ranks or hosts are lost (see Elastic jobs)")
+    parser.add_argument("--min-ranks", type=int, default=1, metavar="M",
+                        help="elastic: end the job when fewer than M ranks are left (default 1)")
+    parser.add_argument("--commit-dir", metavar="DIR", default=None,
+                        help="elastic: where each host keeps its commits (default: one of the job's in /dev/shm)")
+    parser.add_argument("--commit-every", type=int, default=None, metavar="N",
+                        help="elastic: commit every N steps (default 1), and at every epoch's end")
+    parser.add_argument("--max-ranks", type=int, default=None, metavar="N",
+                        help="elastic: grow to at most N ranks (default: every slot of the hosts)")
+    parser.add_argument("--host-discovery-script", metavar="CMD", default=None,
+                        help="elastic: a command printing the hosts the job may use now, one per line")
+    parser.add_argument("--discovery-interval", type=float, default=5.0, metavar="SECONDS",
+                        help="elastic: how often the hosts are read again (default 5)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the command on one line and exit 0")
     parser.add_argument("--version", action="version", version=f"tarantella {_version()}")
@@ -251,6 +293,30 @@ def main(argv: Sequence[str] | None = None, *, environ=None, launcher: MpiLaunch
         return done.code if isinstance(done.code, int) else 0
     if args.program[:1] == ["--"]:
         args.program = args.program[1:]
+    if args.min_ranks < 1:
+        return _fail(f"--min-ranks must be at least 1, got {args.min_ranks}")
+    if args.max_ranks is not None and args.max_ranks < args.min_ranks:
+        return _fail(f"--max-ranks {args.max_ranks} is below --min-ranks {args.min_ranks}")
+    if args.discovery_interval <= 0:
+        return _fail(f"--discovery-interval must be above 0 seconds, got {args.discovery_interval:g}")
+    if args.commit_every is not None and args.commit_every < 1:
+        return _fail(f"--commit-every must be at least 1 step, got {args.commit_every}")
+    elastic_only = {"--min-ranks": args.min_ranks != 1, "--commit-dir": args.commit_dir is not None,
+                    "--commit-every": args.commit_every is not None,
+                    "--max-ranks": args.max_ranks is not None,
+                    "--host-discovery-script": args.host_discovery_script is not None}
+    if not args.elastic and any(elastic_only.values()):
+        return _fail(f"{', '.join(flag for flag, given in elastic_only.items() if given)}: for elastic jobs; "
+                     f"add --elastic")
+    source = HostSource(args.host_discovery_script, args.hostfile, args.npernode)
+    if args.host_discovery_script:
+        if args.hostfile is not None or args.host_list is not None:
+            return _fail("--host-discovery-script gives the hosts; leave out --hostfile and -H")
+        try:
+            args.host_list = ",".join(f"{host}:{count}" for host, count in capped(source.hosts(strict=True),
+                                                                                   args.max_ranks))
+        except HostfileError as error:
+            return _fail(str(error))
     try:
         mpirun_dialect.apply(args)
         launcher = launcher or find_launcher(environ)
@@ -262,10 +328,14 @@ def main(argv: Sequence[str] | None = None, *, environ=None, launcher: MpiLaunch
     if args.dry_run:
         print(format_command(command), flush=True)
         return 0
-    if plan.rank_env.get("TNT_LOG_LEVEL") in ("DEBUG", "INFO"):
-        print(f"tarantella: {launcher.version}; running: {format_command(command)}",
-              file=sys.stderr, flush=True)
+    launch_timeout = load_config(plan.rank_env).launch_timeout_seconds
+    verbose = plan.rank_env.get("TNT_LOG_LEVEL") in ("DEBUG", "INFO")
+    if verbose:
+        print(f"tarantella: {launcher.version}; running: {format_command(command)}", file=sys.stderr, flush=True)
+    if args.elastic:
+        return run_elastic(plan, launcher, local_host or probe_local_host(), min_ranks=args.min_ranks,
+                           max_ranks=args.max_ranks, commit_dir=args.commit_dir, commit_every=args.commit_every,
+                           source=source,
+                           interval=args.discovery_interval, launch_timeout=launch_timeout, verbose=verbose)
     progress = LaunchProgress(plan.nranks, plan.hosts, plan.launch_agent)
-    return run_job(command, launch=progress,
-                   launch_timeout=load_config(plan.rank_env).launch_timeout_seconds,
-                   verbose=plan.rank_env.get("TNT_LOG_LEVEL") in ("DEBUG", "INFO"))
+    return run_job(command, launch=progress, launch_timeout=launch_timeout, verbose=verbose)

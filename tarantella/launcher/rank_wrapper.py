@@ -319,6 +319,10 @@ def _prepare_child(share: list[int] | None) -> None:
     the parent death signal."""
     if share is not None:
         os.sched_setaffinity(0, share)
+    if os.environ.get("TNT_ELASTIC_DIR"):
+        # An elastic job's resize request (tarantella/elastic/__init__.py: RESIZE_SIGNAL_NAME) is ignored until
+        # tnt.Model.fit handles it; the launcher asks again until the ranks leave.
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     _set_parent_death_signal()
 
 
@@ -358,10 +362,16 @@ class _Stop:
     def __init__(self) -> None:
         self.child: subprocess.Popen | None = None
         self.stopping_signal: int | None = None
+        # Since when the program has been stopped (SIGSTOP), looked at every second: one stopped when the job
+        # ended had hung (the job's end may continue it first: the MPI signals the whole process group).
+        self.stopped_since: float | None = None
+        self.stopped_for = 0.0
 
     def handle(self, signum, _frame) -> None:
         if signum in _STOPPING_SIGNALS and self.stopping_signal is None:
             self.stopping_signal = signum
+            if self.stopped_since is not None:
+                self.stopped_for = time.monotonic() - self.stopped_since
         if self.child is not None and self.child.returncode is None:
             try:
                 self.child.send_signal(signum)
@@ -369,11 +379,23 @@ class _Stop:
                 pass
 
 
+def _process_state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def _watch_parent(stop: _Stop, parent: int) -> None:
     """Stops the program when the wrapper's parent (mpirun's daemon, srun) is gone,
     e.g. because mpirun was killed with SIGKILL and could not stop its ranks."""
     while stop.child is not None and stop.child.returncode is None:
         time.sleep(_PARENT_POLL_SECONDS)
+        if _process_state(stop.child.pid) in ("T", "t"):
+            stop.stopped_since = stop.stopped_since or time.monotonic()
+        elif stop.stopping_signal is None:
+            stop.stopped_since = None
         if os.getppid() != parent:
             if stop.stopping_signal is None:
                 stop.stopping_signal = signal.SIGTERM
@@ -420,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
             record = {"rank": me.rank, "size": me.size, "local_rank": me.local_rank,
                       "host": host, "pid": os.getpid(), "exit_code": exit_code,
                       "signal": signum, "cause": cause, "command": command,
-                      "stderr_tail": text, "stderr_shown": show_stderr,
+                      "stderr_tail": text, "stderr_shown": show_stderr, "stopped_for": round(stop.stopped_for, 1),
                       "end_time": ended_at[0] if ended_at else time.time()}
             _write_all(2, encode_exit_record(record))
         return exit_code

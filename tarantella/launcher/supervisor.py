@@ -27,6 +27,7 @@ How a failure is found and reported:
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -40,7 +41,7 @@ from .launch_check import LAUNCH_FAILED, LaunchProgress
 from .rank_wrapper import (EXIT_RECORD_MARKER, START_RECORD_MARKER, decode_exit_record,
                            decode_start_record)
 
-__all__ = ["run_job", "describe_end", "failure_report", "root_cause", "GRACE_SECONDS"]
+__all__ = ["run_job", "run_generation", "JobEnd", "describe_end", "failure_report", "root_cause", "GRACE_SECONDS"]
 
 GRACE_SECONDS = 4.0       # the MPI usually ends the job within a second of a failure
 KILL_AFTER_SECONDS = 2.0
@@ -130,8 +131,10 @@ class _StderrWatcher(threading.Thread):
         self.pipe = pipe
         self.launch = launch
         self.verbose = verbose  # held-back output of a failed launch is shown too
+        self.then = "stopping the job"  # what the first failure's notice says happens next
         self.lock = threading.Lock()
         self.records: list[dict] = []
+        self.started: dict[int, str] = {}   # rank -> host, from the start records
         self.first_failure: dict | None = None
         self._on_first_failure = on_first_failure
         self._at_line_start = True
@@ -174,6 +177,7 @@ class _StderrWatcher(threading.Thread):
             return False
         if at > 0:
             self._pass(line[:at])
+        self.started[record["rank"]] = record.get("host", "?")
         if self.launch is not None:
             with self.lock:
                 self.launch.rank_started(record)
@@ -202,7 +206,7 @@ class _StderrWatcher(threading.Thread):
             if record.get("cause") == "failed" and self.first_failure is None:
                 self.first_failure = record
                 self.release_held()
-                notice = f"tarantella: {_where(record)} {describe_end(record)}; stopping the job\n"
+                notice = f"tarantella: {_where(record)} {describe_end(record)}; {self.then}\n"
                 self._write((b"" if self._at_line_start else b"\n") + notice.encode())
                 self._on_first_failure(record)
         self.pipe.close()
@@ -321,12 +325,57 @@ def _stop(process: subprocess.Popen, kill_after: float) -> None:
         process.kill()
 
 
-def run_job(argv: list[str], *, env: dict | None = None, grace_seconds: float = GRACE_SECONDS,
-            kill_after_seconds: float = KILL_AFTER_SECONDS, launch: LaunchProgress | None = None,
-            launch_timeout: float | None = None, verbose: bool = False) -> int:
-    """Runs argv to its end and returns the job's exit code (see the module docstring).
-    With `launch`, a launch that fails or takes longer than launch_timeout seconds ends
-    with one line and exit code 2 (launch_check.py)."""
+@dataclasses.dataclass
+class JobEnd:
+    """How one mpirun ended: what run_job reports, and what an elastic job decides from (launcher/elastic.py)."""
+    returncode: int                 # mpirun's, 128 + N for a signal
+    records: list[dict]             # the ranks' exit records
+    started: dict[int, str]         # rank -> host, from the start records
+    interrupted: list[int]          # signals that told the launcher to stop
+    launch_failure: str | None      # the one line of a launch that failed, else None
+    forced: bool                    # the launcher had to stop mpirun after a failure
+    grace_seconds: float
+    command: str
+
+    @property
+    def first(self) -> dict | None:
+        return root_cause(self.records) or next((r for r in self.records if r.get("cause") == "failed"), None)
+
+    def report(self) -> int:
+        """Prints how the job ended (the module docstring) and returns the launcher's exit code."""
+        if self.launch_failure is not None:
+            print(self.launch_failure, file=sys.stderr, flush=True)
+            return LAUNCH_FAILED
+        first = self.first
+        if self.forced and first is not None:
+            print(f"tarantella: the MPI had not ended the job {self.grace_seconds:g} s after "
+                  f"{_where(first)} failed; the launcher stopped it", file=sys.stderr)
+        if first is not None:
+            print(failure_report(first, self.records), file=sys.stderr, flush=True)
+            return first["exit_code"]
+        if self.interrupted:
+            print(f"tarantella: stopped by {signal.Signals(self.interrupted[0]).name}", file=sys.stderr)
+            return 128 + self.interrupted[0]
+        if self.returncode != 0:
+            print(f"tarantella: error: the job ended with exit code {self.returncode} and no rank "
+                  f"reported a failure of its program; the message above from {self.command} says why "
+                  f"(for example, the ranks could not be started)", file=sys.stderr, flush=True)
+        return self.returncode
+
+
+def run_job(argv: list[str], **options) -> int:
+    """Runs argv to its end and returns the job's exit code (see the module docstring)."""
+    return run_generation(argv, **options).report()
+
+
+def run_generation(argv: list[str], *, env: dict | None = None, grace_seconds: float = GRACE_SECONDS,
+                   kill_after_seconds: float = KILL_AFTER_SECONDS, launch: LaunchProgress | None = None,
+                   launch_timeout: float | None = None, verbose: bool = False,
+                   then: str = "stopping the job", poll=None) -> JobEnd:
+    """Runs argv to its end. With `launch`, a launch that fails or takes longer than launch_timeout seconds
+    ends with one line and exit code 2 (launch_check.py). `then`: what the notice of the first failure says
+    happens next; `poll(process)`: called about every second while mpirun runs (an elastic job's host
+    watch)."""
     wake = threading.Event()
     failed_at: list[float] = []
     interrupted: list[int] = []
@@ -340,10 +389,11 @@ def run_job(argv: list[str], *, env: dict | None = None, grace_seconds: float = 
                                    stdout=subprocess.PIPE if launch is not None else None)
     except OSError as error:
         print(f"tarantella: error: cannot start {argv[0]!r}: {error.strerror}", file=sys.stderr)
-        return 127
+        return JobEnd(127, [], {}, [], None, False, grace_seconds, argv[0])
     started_at = time.monotonic()
     launch_timed_out = False
     watcher = _StderrWatcher(process.stderr, on_first_failure, launch, verbose)
+    watcher.then = then
     watcher.start()
     stdout_pump = None
     if process.stdout is not None:
@@ -372,6 +422,8 @@ def run_job(argv: list[str], *, env: dict | None = None, grace_seconds: float = 
             wake.wait(_POLL_SECONDS if deadline is None
                       else min(_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
             wake.clear()
+            if poll is not None and not failed_at and stop_asked_at is None:
+                poll(process)
             if interrupted and stop_asked_at is None:
                 stop_asked_at = time.monotonic()
                 if process.poll() is None:
@@ -398,26 +450,14 @@ def run_job(argv: list[str], *, env: dict | None = None, grace_seconds: float = 
         watcher.passes(b"\n", "err")
     returncode = process.returncode if process.returncode >= 0 else 128 - process.returncode
     first = root_cause(watcher.records) or watcher.first_failure
+    end = JobEnd(returncode, list(watcher.records), dict(watcher.started), interrupted, None, forced,
+                 grace_seconds, argv[0])
     if launch is not None and first is None and not interrupted and not launch.complete and \
             (launch_timed_out or returncode != 0):
         if verbose:
             watcher.release_held()
         launched.kill_survivors()
-        print(launch.failure(None if launch_timed_out else returncode, launch_timeout),
-              file=sys.stderr, flush=True)
-        return LAUNCH_FAILED
+        end.launch_failure = launch.failure(None if launch_timed_out else returncode, launch_timeout)
+        return end
     watcher.release_held()
-    if forced and first is not None:
-        print(f"tarantella: the MPI had not ended the job {grace_seconds:g} s after "
-              f"{_where(first)} failed; the launcher stopped it", file=sys.stderr)
-    if first is not None:
-        print(failure_report(first, watcher.records), file=sys.stderr, flush=True)
-        return first["exit_code"]
-    if interrupted:
-        print(f"tarantella: stopped by {signal.Signals(interrupted[0]).name}", file=sys.stderr)
-        return 128 + interrupted[0]
-    if returncode != 0:
-        print(f"tarantella: error: the job ended with exit code {returncode} and no rank "
-              f"reported a failure of its program; the message above from {argv[0]} says why "
-              f"(for example, the ranks could not be started)", file=sys.stderr, flush=True)
-    return returncode
+    return end

@@ -32,7 +32,8 @@ import numpy as np
 from tarantella import collectives, runtime, stage_state
 from tarantella.step.optimizers import optimizers_of
 
-__all__ = ["OUTPUT_CALLBACKS", "output_on_this_rank", "callbacks_for_this_rank", "verbosity_for_this_rank"]
+__all__ = ["OUTPUT_CALLBACKS", "output_on_this_rank", "callbacks_for_this_rank", "verbosity_for_this_rank",
+           "state_variables"]
 
 OUTPUT_CALLBACKS = (keras.callbacks.ModelCheckpoint, keras.callbacks.TensorBoard, keras.callbacks.CSVLogger,
                     keras.callbacks.ProgbarLogger)
@@ -101,7 +102,7 @@ class BackupAndRestoreFromMaster(keras.callbacks.Callback):
         self.model._initial_epoch = epoch
         if sharded:
             self.model.share_restored_optimizer_state()
-        for variable in _state_variables(self.model, with_optimizers=not sharded):
+        for variable in state_variables(self.model, with_optimizers=not sharded):
             value = collectives.broadcast(np.array(variable.numpy(), copy=True), root=runtime.get_master_rank())
             if not master and not stage_state.is_released(variable):   # shard="weights": the owned ones
                 variable.assign(value)
@@ -123,7 +124,7 @@ class BackupAndRestoreFromMaster(keras.callbacks.Callback):
             shutil.rmtree(self.twin_directory, ignore_errors=True)
 
 
-def _state_variables(model, with_optimizers: bool = True) -> list:
+def state_variables(model, with_optimizers: bool = True) -> list:
     """Everything a backup restores: the model's variables and (with_optimizers) its optimizers' (each once)."""
     wrapped = getattr(model, "wrapped_model", model)
     optimizers = optimizers_of(wrapped) + optimizers_of(model) if with_optimizers else []

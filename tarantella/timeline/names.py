@@ -28,6 +28,10 @@ Each rank is one process of the trace ("rank R"); its tracks (threads):
              sum existing, so it includes the wait for the other ranks (args:
              step, index: its place in the step, forward ones first).
   pipeline   pipeline passes and transfers (tarantella.timeline.span callers).
+  elastic    an elastic job's (tarantella --elastic) `elastic_commit` after a step
+             or an epoch (args: step, written: whether this rank wrote its host's
+             copy) and `elastic_restore` when a new generation starts from a
+             commit (args: step, world_size: the ranks that made it).
   python     any other tarantella.timeline.span(name, ...) of the program.
 A program computes the overlap from these names alone
 (tarantella.timeline.overlap.overlap_from_trace).
@@ -36,9 +40,9 @@ from __future__ import annotations
 
 __all__ = ["TRACKS", "DOCUMENTED", "track_id", "STEP", "BACKWARD", "OPTIMIZER", "ALLREDUCE", "BUCKET_READY",
            "METRIC_ALLREDUCE", "STATISTICS_ALLREDUCE", "WEIGHT_HANDOFF", "GRADIENTS_TO_OWNERS",
-           "WEIGHT_GATHERS"]
+           "WEIGHT_GATHERS", "ELASTIC_COMMIT", "ELASTIC_RESTORE"]
 
-TRACKS = ("step", "reducer", "metrics", "pipeline", "python", "statistics")
+TRACKS = ("step", "reducer", "metrics", "pipeline", "python", "statistics", "elastic")
 
 STEP = "train_step"
 BACKWARD = "backward"
@@ -50,6 +54,8 @@ STATISTICS_ALLREDUCE = "statistics_allreduce"
 WEIGHT_HANDOFF = "weight_handoff"
 GRADIENTS_TO_OWNERS = "gradients_to_owners"
 WEIGHT_GATHERS = "weight_gathers"
+ELASTIC_COMMIT = "elastic_commit"
+ELASTIC_RESTORE = "elastic_restore"
 
 DOCUMENTED = {
     STEP: "step track: one fit step (args: step)",
@@ -67,6 +73,8 @@ DOCUMENTED = {
                     "backward pass to the last (args: step, transfers)",
     STATISTICS_ALLREDUCE: "statistics track: an in-graph allreduce of BatchNormalization's statistics, input to "
                           "sum (args: step, index)",
+    ELASTIC_COMMIT: "elastic track: a commit after a step or an epoch (args: step, written)",
+    ELASTIC_RESTORE: "elastic track: a new generation's restore of the newest commit (args: step, world_size)",
 }
 
 

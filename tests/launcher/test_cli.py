@@ -55,6 +55,15 @@ BAD = {
     "more ranks than hostfile": ["--hostfile", "{two_hosts}", "-n", "3", "{script}"],
     "-n and --npernode disagree": ["-n", "3", "--npernode", "2", "{script}"],
     "interpreter option without interpreter": ["--python-interpreter=", "--", "-m", "x"],
+    "--min-ranks without --elastic": ["--min-ranks", "2", "{script}"],
+    "--host-discovery-script without --elastic": ["--host-discovery-script", "true", "{script}"],
+    "zero --min-ranks": ["--elastic", "--min-ranks", "0", "{script}"],
+    "--max-ranks below --min-ranks": ["--elastic", "--min-ranks", "3", "--max-ranks", "2", "{script}"],
+    "zero --commit-every": ["--elastic", "--commit-every", "0", "{script}"],
+    "discovery script and hostfile": ["--elastic", "--host-discovery-script", "echo a", "--hostfile",
+                                      "{two_hosts}", "{script}"],
+    "failing discovery script": ["--elastic", "--host-discovery-script", "false", "{script}"],
+    "discovery script listing nothing": ["--elastic", "--host-discovery-script", "true", "{script}"],
 }
 
 
@@ -348,3 +357,12 @@ def test_slurm_dry_run_end_to_end(script, fake_slurm):
                           env={**environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0, done.stderr
     assert "mpirun" in done.stdout.split()[0] and " -n 2 " in done.stdout
+
+
+def test_an_elastic_job_starts_on_the_hosts_its_discovery_command_prints(capsys, script, tmp_path):
+    discover = tmp_path / "discover.sh"
+    discover.write_text("#!/bin/sh\necho node1:2\necho 'node2 slots=3'\n")
+    discover.chmod(0o755)
+    command = dry_run(capsys, ["--elastic", "--host-discovery-script", str(discover), "--max-ranks", "4", script])
+    part = " ".join(launcher_part(command))
+    assert "-n 4 --host node1:2,node2:2 " in part, part

@@ -1,0 +1,125 @@
+"""`tarantella --elastic` across the hosts of a namespace cluster: a job of 2 hosts x 2 ranks loses a host (its
+link cut), then a rank (SIGKILL), and ends with the weights of an uninterrupted 1-rank run, bit for bit
+(exact mode: 4 virtual batches, so 4, 2 and 1 ranks add alike)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.multirank import REPO_ROOT, launch_environment, run_ranks
+
+PROGRAM = os.path.join(REPO_ROOT, "tests", "elastic", "programs", "elastic_fit.py")
+EXACT = {"TNT_EXACT_VIRTUAL_BATCHES": "4", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+EXACT_ARGS = ["--allreduce-algorithm", "recursive_doubling"]
+TIMEOUT = 10
+
+
+def _lines(text: str, kind: str) -> list[dict]:
+    return [json.loads(line.split(f"{kind} ", 1)[1]) for line in text.splitlines() if f"] {kind} " in line]
+
+
+def _wait_for(path: str, process: subprocess.Popen, limit: float) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and process.poll() is None:
+        if os.path.exists(path):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _run_with_fault(command, env, state, generation: int, make_fault, undo=lambda: None):
+    """Runs the elastic job; when its rank pauses in `generation` (the program's pause fault), calls
+    make_fault() (returns when it happened) and lets the rank go on. (stdout, stderr, exit code, fault time)."""
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=env, text=True, errors="replace", start_new_session=True)
+    try:
+        assert _wait_for(str(state / f"paused-{generation}"), process, 400), \
+            f"generation {generation} did not reach its pause"
+        fault_at = make_fault()
+        (state / f"go-{generation}").touch()
+        stdout, stderr = process.communicate(timeout=400)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+        undo()
+    described = f"exit {process.returncode}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+    assert process.returncode == 0, described
+    return stdout, stderr, described, fault_at
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(900)
+def test_a_job_that_loses_a_host_then_a_rank_ends_with_the_uninterrupted_weights(netns_cluster, tmp_path):
+    cluster = netns_cluster(hosts=2, slots=2)
+    reference = run_ranks(1, PROGRAM, launcher_args=EXACT_ARGS, env=EXACT, timeout=120).check()
+    [expected] = _lines(reference.stdout, "RESULT")
+    command = [sys.executable, "-m", "tarantella.launcher", "-n", "4", "--output-on-all-devices",
+               *cluster.launcher_args(), "--elastic", "--timeout", str(TIMEOUT), *EXACT_ARGS, "--", PROGRAM,
+               "--state", str(tmp_path), "--fault", "1:0:6:pause", "--fault", "2:1:14:kill"]
+    cut = cluster.hosts[1]
+    stdout, stderr, described, cut_at = _run_with_fault(
+        command, launch_environment(EXACT), tmp_path, 1, lambda: (cluster.cut_link(cut), time.time())[1],
+        undo=lambda: cluster.restore_link(cut))
+    [result] = _lines(stdout, "RESULT")
+    assert result["generation"] == 3 and result["size"] == 1, described
+    assert result["weights_sha256"] == expected["weights_sha256"], described
+    assert re.search(rf"lost rank 2 \(host {cut}\) .*rank 3 \(host {cut}\) .*; generation 2 goes on with 2 "
+                     rf"rank\(s\) on {cluster.hosts[0]}:2", stderr), described
+    assert re.search(r"lost rank 1 \(host \S+\) was killed by SIGKILL .*; generation 3 goes on with 1 rank",
+                     stderr), described
+    resumed = _lines(stdout, "RESUMED")
+    [killed] = _lines(stdout, "FAULT")[-1:]
+    print(f"link cut: recovered {resumed[0]['time'] - cut_at:.1f} s after the cut (timeout {TIMEOUT} s), from "
+          f"step {resumed[0]['from_step']} (the pause was at step 6); SIGKILL: recovered "
+          f"{resumed[1]['time'] - killed['time']:.1f} s after it, {killed['step'] - resumed[1]['from_step']} "
+          f"step(s) lost")
+    assert not [e for e in cluster.shm_entries(cluster.hosts[0]) if e.startswith("tnt-elastic-")]
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(900)
+def test_a_hung_rank_is_dropped_and_an_added_host_taken_mid_epoch(netns_cluster, tmp_path):
+    """4 hosts of 1 rank, the job's hostfile lists 3: rank 2 is stopped (SIGSTOP) past the timeout, the job goes
+    on with 2 ranks; then the hostfile gains the fourth host in the middle of an epoch, and the job grows to 4.
+    Tolerance mode: the weights are the uninterrupted 2-rank run's within float rounding."""
+    cluster = netns_cluster(hosts=4, slots=1)
+    reference = run_ranks(2, PROGRAM, env=EXACT | {"TNT_EXACT_VIRTUAL_BATCHES": None}, timeout=120).check()
+    [expected] = _lines(reference.stdout, "RESULT")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("".join(f"{host}\n" for host in cluster.hosts[:3]))
+    args = cluster.launcher_args()
+    args[args.index("--hostfile") + 1] = str(hostfile)
+    command = [sys.executable, "-m", "tarantella.launcher", "--output-on-all-devices", *args, "--elastic",
+               "--timeout", str(TIMEOUT), "--discovery-interval", "1", "--", PROGRAM, "--state", str(tmp_path),
+               "--fault", "1:2:5:stop", "--fault", "2:0:11:pause"]
+    env = launch_environment({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"})
+
+    def add_host():
+        hostfile.write_text("".join(f"{host}\n" for host in cluster.hosts))
+        added_at = time.time()
+        time.sleep(3)   # the launcher reads the hostfile every second and asks the ranks to leave
+        return added_at
+    stdout, stderr, described, added_at = _run_with_fault(command, env, tmp_path, 2, add_host)
+    [result] = _lines(stdout, "RESULT")
+    assert result["generation"] == 3 and result["size"] == 4 and result["steps"] == 24, described
+    assert re.search(r"lost rank 2 \(host \S+-h2\) (was stopped \(SIGSTOP\) for [\d.]+ s and hung|its peers "
+                     r"timed out).*; generation 2 goes on with 2 rank", stderr), described
+    assert re.search(r"the job's hosts changed; generation 3 goes on with 4 rank\(s\) on " +
+                     r", ".join(f"{host}:1" for host in cluster.hosts), stderr), described
+    for mine, theirs in zip(result["weights"], expected["weights"]):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    [stopped] = _lines(stdout, "FAULT")[:1]
+    resumed = _lines(stdout, "RESUMED")
+    print(f"SIGSTOP: recovered {resumed[0]['time'] - stopped['time']:.1f} s after it (timeout {TIMEOUT} s), "
+          f"{stopped['step'] - resumed[0]['from_step']} step(s) lost; host added: training on 4 ranks "
+          f"{resumed[1]['time'] - added_at:.1f} s after the hostfile changed (3 s of it the test's wait), from "
+          f"step {resumed[1]['from_step']}")

@@ -1,0 +1,102 @@
+"""tnt.Model.fit under `tarantella --elastic`, with faults the program makes itself.
+
+    elastic_fit.py [--data arrays|dataset] [--fault GEN:RANK:STEP:HOW ...]
+
+A model with BatchNormalization and Dropout (state the step changes beside the weights) trains 3 epochs of 8
+global batches of 16 on a seeded input, reshuffled every epoch. --fault 1:1:11:kill makes rank 1 of
+generation 1 act when the optimizer has done 11 steps (epoch 2, batch 3): HOW is kill (SIGKILL), stop
+(SIGSTOP: it hangs), raise (a ValueError: the program fails on its own) or pause (writes
+STATE/paused-GEN and waits for STATE/go-GEN: the harness makes a fault meanwhile, such as a link cut);
+commitkill kills the rank in its host's commit of that step, after the files are written and before they are
+renamed into place. Printed: `FAULT {...}` by the
+faulty rank (with the time), `RESUMED {...}` by rank 0 of a later generation after its first trained step (with the
+commit's step),
+and at the end `RESULT {...}` by rank 0: the weights, their sha256, the generation and the world size.
+"""
+import argparse
+import hashlib
+import json
+import os
+import signal
+import time
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tarantella as tnt  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--data", choices=["arrays", "dataset"], default="dataset")
+parser.add_argument("--fault", action="append", default=[])
+parser.add_argument("--state", default=None, help="a directory shared with the harness (pause faults)")
+args = parser.parse_args()
+GENERATION = int(os.environ.get("TNT_ELASTIC_GENERATION", "1"))
+RANK = tnt.get_rank()
+FAULTS = {}
+for spec in args.fault:
+    generation, rank, step, how = spec.split(":")
+    FAULTS[(int(generation), int(rank))] = (int(step), how)
+
+
+class Faults(keras.callbacks.Callback):
+    from_step = None   # a later generation: the commit's step (batches of it before are read and dropped)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if GENERATION > 1 and RANK == 0 and self.from_step is None:
+            self.from_step = step
+        elif self.from_step is not None and step == self.from_step + 1:   # the first step this generation trained
+            print("RESUMED " + json.dumps({"from_step": self.from_step, "time": time.time(),
+                                           "size": tnt.get_size()}), flush=True)
+        fault = FAULTS.get((GENERATION, RANK))
+        if fault and step == fault[0] and fault[1] != "commitkill":
+            print("FAULT " + json.dumps({"how": fault[1], "rank": RANK, "step": step, "time": time.time()}),
+                  flush=True)
+            if fault[1] == "raise":
+                raise ValueError(f"rank {RANK} fails on its own at step {step}")
+            if fault[1] == "pause":   # the harness makes the fault (a link cut), then lets it go on
+                open(os.path.join(args.state, f"paused-{GENERATION}"), "w").close()
+                go, deadline = os.path.join(args.state, f"go-{GENERATION}"), time.time() + 120
+                while not os.path.exists(go) and time.time() < deadline:
+                    time.sleep(0.05)
+                return
+            os.kill(os.getpid(), signal.SIGKILL if fault[1] == "kill" else signal.SIGSTOP)
+
+
+if any(how == "commitkill" for _, how in FAULTS.values()):
+    # Killed in the middle of its host's commit: the commit is written, not yet renamed into place.
+    from tarantella.elastic import commit_store
+    _write = commit_store.write
+
+    def write_then_die(root, arrays, meta):
+        fault = FAULTS.get((GENERATION, RANK))
+        if fault and fault[1] == "commitkill" and meta["global_step"] == fault[0]:
+            real_rename = os.rename
+            os.rename = lambda *_: (print("FAULT " + json.dumps({"how": "commitkill", "rank": RANK,
+                                                                 "step": fault[0], "time": time.time()}),
+                                          flush=True), os.kill(os.getpid(), signal.SIGKILL), real_rename)
+        return _write(root, arrays, meta)
+    commit_store.write = write_then_die
+
+keras.utils.set_random_seed(7)
+model = tnt.Model(keras.Sequential([
+    keras.Input((6,)), keras.layers.Dense(12, use_bias=False), keras.layers.BatchNormalization(),
+    keras.layers.Activation("relu"), keras.layers.Dropout(0.3), keras.layers.Dense(1)]))
+model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+rng = np.random.default_rng(3)
+x = rng.normal(size=(128, 6)).astype(np.float32)
+y = (x[:, :1] * 2 - x[:, 1:2] + 0.1 * x[:, 2:3] ** 2).astype(np.float32)
+if args.data == "dataset":
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(128, seed=11, reshuffle_each_iteration=True).batch(16)
+    history = model.fit(data, epochs=3, verbose=0, callbacks=[Faults()])
+else:
+    history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[Faults()])
+weights = model.get_weights()
+digest = hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes() for w in weights)).hexdigest()
+if RANK == 0:
+    print("RESULT " + json.dumps({"weights_sha256": digest, "generation": GENERATION, "size": tnt.get_size(),
+                                  "weights": [w.tolist() for w in weights], "history": history.history,
+                                  "steps": int(model.optimizer.iterations.numpy())}), flush=True)

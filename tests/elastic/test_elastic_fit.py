@@ -1,0 +1,95 @@
+"""`tarantella --elastic` on this host: a job that loses ranks goes on with the others and ends with the
+weights of an uninterrupted run (exact mode: bit for bit; tolerance mode: within float rounding)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+from tests.multirank import run_ranks
+
+PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs", "elastic_fit.py")
+EXACT = {"TNT_EXACT_VIRTUAL_BATCHES": "2"}
+EXACT_ARGS = ["--allreduce-algorithm", "recursive_doubling"]
+
+
+def _lines(result, kind: str) -> list[dict]:
+    return [json.loads(line.split(f"{kind} ", 1)[1]) for line in result.stdout.splitlines()
+            if f"] {kind} " in line or line.startswith(f"{kind} ")]
+
+
+def _run(ranks, *args, launcher_args=(), env=None, timeout=150):
+    return run_ranks(ranks, PROGRAM, args=list(args), launcher_args=list(launcher_args),
+                     env={"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}, timeout=timeout)
+
+
+def _commit_dirs() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("tnt-elastic-")}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("data, fault", [("dataset", "1:1:11:kill"),        # mid-epoch
+                                         ("arrays", "1:0:17:kill"),         # the master, at an epoch's start
+                                         ("dataset", "1:0:9:commitkill")])  # in the middle of its commit
+def test_a_lost_rank_leaves_the_weights_of_the_uninterrupted_run_bit_for_bit(data, fault):
+    before = _commit_dirs()
+    reference = _run(1, "--data", data, launcher_args=EXACT_ARGS, env=EXACT).check()
+    resized = _run(2, "--data", data, "--fault", fault, launcher_args=["--elastic", *EXACT_ARGS], env=EXACT).check()
+    expected, [result] = _lines(reference, "RESULT")[0], _lines(resized, "RESULT")
+    [fault_line], [resumed] = _lines(resized, "FAULT"), _lines(resized, "RESUMED")
+    assert result["generation"] == 2 and result["size"] == 1, resized.describe()
+    assert result["weights_sha256"] == expected["weights_sha256"], resized.describe()
+    assert result["steps"] == expected["steps"] == 24
+    assert re.search(r"tarantella: elastic: lost rank \d \(host \S+\) was killed by SIGKILL .*; generation 2 "
+                     r"goes on with 1 rank\(s\)", resized.stderr), resized.describe()
+    restored = re.search(r"go on from the commit of epoch \d+, batch \d+ \(step (\d+),", resized.stdout)
+    if "commitkill" in fault:   # the commit it was writing is not taken: the one before is
+        assert int(restored.group(1)) == fault_line["step"] - 1, resized.describe()
+    # The committed logs of the dropped batches and the restored metric state give serial's epoch logs.
+    for key in ("loss", "mae"):
+        assert np.allclose(result["history"][key], expected["history"][key][-len(result["history"][key]):],
+                           rtol=1e-6), (result["history"], expected["history"])
+    print(f"recovery {resumed['time'] - fault_line['time']:.1f} s, "
+          f"steps lost {fault_line['step'] - resumed['from_step']}")
+    assert _commit_dirs() == before   # removed at the end
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_two_losses_in_a_row_train_as_the_uninterrupted_run():
+    reference = _run(2).check()
+    resized = _run(3, "--fault", "1:2:5:kill", "--fault", "2:1:13:kill", launcher_args=["--elastic"]).check()
+    expected, [result] = _lines(reference, "RESULT")[0], _lines(resized, "RESULT")
+    assert result["generation"] == 3 and result["size"] == 1, resized.describe()
+    assert len(re.findall(r"tarantella: elastic: lost rank", resized.stderr)) == 2
+    for mine, theirs in zip(result["weights"], expected["weights"]):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_a_hung_rank_is_dropped_after_the_timeout():
+    resized = _run(2, "--fault", "1:1:6:stop", launcher_args=["--elastic", "--timeout", "5"]).check()
+    [result] = _lines(resized, "RESULT")
+    assert result["generation"] == 2 and result["steps"] == 24, resized.describe()
+    assert re.search(r"lost rank 1 \(host \S+\) (was stopped \(SIGSTOP\) for [\d.]+ s and hung|its peers timed out)",
+                     resized.stderr), resized.describe()
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_below_min_ranks_and_failing_programs_end_the_job():
+    before = _commit_dirs()
+    ended = _run(2, "--fault", "1:1:3:kill", launcher_args=["--elastic", "--min-ranks", "2"])
+    assert ended.returncode == 137, ended.describe()
+    assert re.search(r"tarantella: error: elastic job: lost rank 1 \(host \S+\) was killed by SIGKILL .*; 1 "
+                     r"rank\(s\) left, fewer than --min-ranks 2; the job ends", ended.stderr), ended.describe()
+    failing = _run(2, "--fault", "1:1:3:raise", launcher_args=["--elastic"])
+    assert failing.returncode == 1, failing.describe()
+    assert "ValueError: rank 1 fails on its own at step 3" in failing.stderr
+    assert "generation 2" not in failing.stderr and not _lines(failing, "RESULT")
+    assert _commit_dirs() == before
