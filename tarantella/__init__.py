@@ -52,6 +52,7 @@ _LAZY = {
     "shard_weights": ("tarantella.keras.custom_loop", "shard_weights"),
     "gathered_gradients": ("tarantella.keras.custom_loop", "gathered_gradients"),
     "distribute_datasets_from_function": ("tarantella.data.from_function", "distribute_datasets_from_function"),
+    "elastic": ("tarantella.elastic", None),
 }
 
 
@@ -75,5 +76,5 @@ __all__ = [
     "MismatchError", "CollectiveTimeoutError", "EngineError", "GroupFailedError",
     "Model", "ParallelStrategy", "models", "keras", "data", "pipeline", "deferred_weights", "set_deterministic",
     "reduce_gradients", "distribute_dataset", "broadcast_variables", "distribute_datasets_from_function",
-    "shard_optimizer", "shard_weights", "gathered_gradients", "__version__",
+    "shard_optimizer", "shard_weights", "gathered_gradients", "elastic", "__version__",
 ]

@@ -12,81 +12,21 @@ data's position, and how a new generation of ranks agrees on the commit to resto
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import socket
-import threading
 import time
 
 import keras
 import numpy as np
 
-from tarantella import collectives, runtime, timeline
+from tarantella import collectives, runtime
 from tarantella.data import distributed_dataset, resume_position
-from tarantella.elastic import COMMIT_EVERY_VARIABLE, RESIZE_EXIT_CODE, RESIZE_SIGNAL_NAME, commit_store
+from tarantella.elastic import commit_store, committing
 from tarantella.step.metric_reduction import metric_variables
 from tarantella.step.rank_callbacks import state_variables
 
 __all__ = ["Resume", "prepare"]
 
 logger = logging.getLogger("tarantella")
-
-
-class _ResizeRequest:
-    """The launcher asks the ranks (RESIZE_SIGNAL_NAME) to leave at the end of a step, so that a generation of
-    another size goes on (hosts added or removed); the ranks agree on the step (a tiny allreduce per step)."""
-
-    def __init__(self):
-        self.asked = False
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(getattr(signal, RESIZE_SIGNAL_NAME), self._ask)
-
-    def _ask(self, _signum, _frame):
-        self.asked = True
-
-    def agreed(self) -> bool:
-        return bool(collectives.allreduce(np.array([int(self.asked)], dtype=np.int32), op="max")[0])
-
-
-_resize = None
-
-
-def _resize_request() -> _ResizeRequest:
-    global _resize
-    if _resize is None:
-        _resize = _ResizeRequest()
-    return _resize
-
-
-class _Writer:
-    """Writes commits on a thread of its own while the next steps run: a commit is taken when its values are
-    copied out of the variables, and one write waits for the one before (they land in order)."""
-
-    def __init__(self):
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-
-    def submit(self, root: str, arrays: list, meta: dict) -> None:
-        self.flush()
-        self._thread = threading.Thread(target=self._write, args=(root, arrays, meta), daemon=True,
-                                        name="tnt-elastic-commit")
-        self._thread.start()
-
-    def _write(self, root, arrays, meta):
-        try:
-            with timeline.span(timeline.names.ELASTIC_COMMIT, track="elastic", step=meta["global_step"],
-                               written=True):
-                commit_store.write(root, arrays, meta)
-        except BaseException as error:  # noqa: BLE001 - raised on the training thread at the next flush
-            self._error = error
-
-    def flush(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
 
 
 class Resume:
@@ -141,8 +81,8 @@ class CommitEveryStep(keras.callbacks.Callback):
         # where it stood]).
         self.iterations, self.made_before = iterations, made_before
         self.metric_state = metric_state   # restored into the metrics when the first epoch begins
-        self.every = _commit_every()
-        self.writer = _Writer()
+        self.every = committing.commit_every()
+        self.writer = committing.Writer()
         self.global_step, self.dropped = global_step, dropped   # dropped: batches of the first epoch
 
     def _commit(self, epoch: int, batches_done: int) -> None:
@@ -167,18 +107,11 @@ class CommitEveryStep(keras.callbacks.Callback):
         if batch < self.dropped:   # read and dropped: the commit holds it already
             return
         self.global_step += 1
-        resize = _resize_request().agreed()
+        resize = committing.resize_request().agreed()
         if resize or self.global_step % self.every == 0:
             self._commit(self.epoch, batch + 1)
         if resize:
-            if runtime.is_master_rank():
-                print(f"tarantella: elastic: the job's hosts changed; every rank leaves after step "
-                      f"{self.global_step}, committed, for a generation of the new size", flush=True)
-            # Asked again while leaving, the process must not die of it: Python restores the signal's default
-            # action (terminate) at exit for handlers it set, not for an ignored signal.
-            signal.signal(getattr(signal, RESIZE_SIGNAL_NAME), signal.SIG_IGN)
-            self.writer.flush()
-            raise SystemExit(RESIZE_EXIT_CODE)   # every rank at the same step: none waits for another
+            committing.leave_for_resize(self.writer, self.global_step)
 
     def on_epoch_end(self, epoch, logs=None):
         self.dropped = 0
@@ -186,29 +119,6 @@ class CommitEveryStep(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.writer.flush()
-
-
-def _commit_every() -> int:
-    raw = os.environ.get(COMMIT_EVERY_VARIABLE, "1").strip() or "1"
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"tarantella --elastic: {COMMIT_EVERY_VARIABLE}={raw!r} is not a whole number of steps "
-                         f">= 1; use --commit-every 1 (every step) or more")
-    return int(raw)
-
-
-def _agreed_commit(root: str, fit_index: int) -> tuple[dict, int] | None:
-    """Collective: the newest commit of this fit call on any host, and the rank that reads it."""
-    found = commit_store.newest(root)
-    mine = None
-    if found is not None and int(found[0]["fit"]) == fit_index:
-        mine = (int(found[0]["global_step"]), found[0], found[1])
-    offers = collectives.allgather_object(None if mine is None else mine[0])
-    if all(offer is None for offer in offers):
-        return None
-    best = max(offer for offer in offers if offer is not None)
-    reader = offers.index(best)
-    meta = collectives.broadcast_object(mine[1] if runtime.get_rank() == reader else None, root=reader)
-    return meta, reader
 
 
 def prepare(model, dataset, initial_epoch: int, steps_per_epoch) -> Resume | None:
@@ -228,10 +138,10 @@ def prepare(model, dataset, initial_epoch: int, steps_per_epoch) -> Resume | Non
     model._elastic_fit_calls = fit_index + 1
     hosts = collectives.allgather_object(socket.gethostname())
     rank = runtime.get_rank()
-    writes = hosts.index(hosts[rank]) == rank   # the lowest rank of each host writes its copy
+    writes = committing.writes_for_host(hosts)
     variables, metrics = state_variables(model), _metrics_built(model, dataset)
 
-    agreed = _agreed_commit(root, fit_index)
+    agreed = committing.agreed_commit(root, fit_index)
     if agreed is None:
         callback = CommitEveryStep(root, fit_index, variables, metrics, writes, 0, 0,
                                    resume_position.IterationCount(dataset), 0)
@@ -244,15 +154,9 @@ def prepare(model, dataset, initial_epoch: int, steps_per_epoch) -> Resume | Non
         raise ValueError(f"tarantella --elastic: the commit holds {meta['count']} arrays, the model has "
                          f"{len(every)} variables and metric states: the program builds another model than the "
                          f"one committed")
-    arrays = commit_store.read_arrays(commit_store.newest(root)[1], len(every)) if rank == reader else None
-    values = []
-    with timeline.span(timeline.names.ELASTIC_RESTORE, track="elastic", step=int(meta["global_step"]),
-                       world_size=int(meta["world_size"])):
-        for i, variable in enumerate(every):
-            mine = arrays[i] if arrays is not None else np.array(variable.numpy(), copy=True)
-            values.append(collectives.broadcast(mine, root=reader))
-        for variable, value in zip(variables, values):
-            variable.assign(value)
+    values = committing.restored_values(root, meta, reader, every)
+    for variable, value in zip(variables, values):
+        variable.assign(value)
     # The summed metric state is rank 0's; the others start from none. A commit at an epoch's end holds the
     # finished epoch's, which Keras would reset.
     metric_state = [value if rank == 0 else np.zeros_like(value) for value in values[len(variables):]] \

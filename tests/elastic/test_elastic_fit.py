@@ -93,3 +93,17 @@ def test_below_min_ranks_and_failing_programs_end_the_job():
     assert "ValueError: rank 1 fails on its own at step 3" in failing.stderr
     assert "generation 2" not in failing.stderr and not _lines(failing, "RESULT")
     assert _commit_dirs() == before
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_a_custom_loop_committing_with_elastic_state_goes_on_after_a_loss():
+    loop = os.path.join(os.path.dirname(PROGRAM), "elastic_loop.py")
+    reference = run_ranks(2, loop, env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=150).check()
+    resized = run_ranks(2, loop, args=["--kill", "1:1:7"], launcher_args=["--elastic"],
+                        env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=150).check()
+    expected, [result] = _lines(reference, "RESULT")[0], _lines(resized, "RESULT")
+    assert result["generation"] == 2 and result["iterations"] == expected["iterations"] == 24, resized.describe()
+    assert _lines(resized, "RESET") == [{"size": 1, "epoch": 0, "batch": 7}], resized.describe()
+    for mine, theirs in zip(result["weights"], expected["weights"]):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
