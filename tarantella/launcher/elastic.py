@@ -10,11 +10,16 @@ computes, not what is computed.
 Which ranks were lost, from the ranks' exit records (supervisor.py):
   - a rank whose program was killed by a signal nobody in the job sent (SIGKILL, the OOM killer);
   - a rank whose program was found stopped (SIGSTOP) when the job ended: it hung;
-  - a rank its peers' collectives timed out waiting for ("... waiting for rank 3");
-  - every rank of a host from which no record came: the host, or its network, is gone.
-A rank killed alone gives up its slot; a host that went silent is dropped whole. A program that fails on its
-own (an exception that is not a lost peer's) ends the job as it would without --elastic: it would fail again.
-Fewer than --min-ranks left also ends it, naming what was lost.
+  - a rank its peers' collectives timed out waiting for ("... waiting for rank 3"), unless it timed out
+    itself: then it was alive, waiting too;
+  - every rank of a host from which no record came and on which no rank can be started any more: the host,
+    or its network, is gone.
+The MPI may end a generation before a remote rank's record reaches the launcher, so in a generation on
+several hosts every rank also keeps its record in a file of its host, and a probe job of one rank per host
+(as the next generation would start, through the MPI and over the network) reads them back and says which
+hosts can still start a rank. A rank killed alone gives up its slot; a host that went silent is dropped
+whole. A program that fails on its own (an exception that is not a lost peer's) ends the job as it would
+without --elastic: it would fail again. Fewer than --min-ranks left also ends it, naming what was lost.
 
 Growing (and shrinking on purpose): while a generation runs, the launcher reads the job's hosts every
 --discovery-interval seconds (host_discovery.py). When they change, it asks the ranks to leave at the end of a
@@ -50,6 +55,7 @@ __all__ = ["Loss", "find_loss", "survivors", "resized", "capped", "run_elastic",
 # more of ranks ..." names no one in particular and is not taken as a loss.
 _MISSING = re.compile(r"timed out after \d+ s waiting for ranks? (\d+(?:, \d+)*)")
 _PEER_ERRORS = ("CollectiveTimeoutError", "GroupFailedError", "MpiError")
+_GRACE_SECONDS = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,21 +87,27 @@ def _host_index(placement: list[tuple[str, int]]) -> dict[int, int]:
     return index
 
 
-def find_loss(end: JobEnd, plan: LaunchPlan, reachable=None) -> Loss | None:
+def find_loss(end: JobEnd, plan: LaunchPlan, probe=None) -> Loss | None:
     """The ranks a failed generation lost (Note [Elastic generations]); None when it lost none, or when a
-    program failed on its own. `reachable(hosts) -> the ones a rank can be started on`: asked about hosts
-    from which nothing came (a job ended by the MPI may lose a live host's records)."""
+    program failed on its own. `probe(hosts) -> (the hosts a rank can be started on, the exit records kept
+    there)`: a job the MPI ended may have lost the output of live hosts."""
     placement = _placement(plan, end.started)
     host_of = _host_index(placement)
-    by_rank = {record["rank"]: record for record in end.records}
-    reporting = {host_of.get(record["rank"]) for record in end.records}
+    records = list(end.records)
+    alive = None
+    if probe is not None:
+        alive, kept = probe([host for host, _ in placement])
+        arrived = {record["rank"] for record in records}
+        records += [record for record in kept if record["rank"] not in arrived and record["rank"] in host_of]
+    by_rank = {record["rank"]: record for record in records}
+    reporting = {host_of.get(record["rank"]) for record in records}
     silent = {position for position in range(len(placement)) if position not in reporting}
-    if silent and reachable is not None:
-        alive = reachable([placement[position][0] for position in sorted(silent)])
+    if alive is not None:
         silent = {position for position in silent if placement[position][0] not in alive}
     # A rank that timed out itself was there to do so; the ranks it waited for may only have been waiting too.
-    waited = {record["rank"] for record in end.records if record.get("cause") == "failed" and
-              (exception_summary(record.get("stderr_tail")) or "").startswith(_PEER_ERRORS)}
+    # (Its record may say "stopped": the MPI ended it as it raised.)
+    waited = {record["rank"] for record in records
+              if (exception_summary(record.get("stderr_tail")) or "").startswith(_PEER_ERRORS)}
     lost: dict[int, str] = {}
     for rank in range(plan.nranks):
         record = by_rank.get(rank)
@@ -106,12 +118,12 @@ def find_loss(end: JobEnd, plan: LaunchPlan, reachable=None) -> Loss | None:
             lost[rank] = f"was stopped (SIGSTOP) for {record['stopped_for']:g} s and hung"
         elif record.get("cause") == "failed" and record.get("signal"):
             lost[rank] = describe_end(record)
-    for record in end.records:
+    for record in records:
         for match in _MISSING.finditer(record.get("stderr_tail") or ""):
             for rank in map(int, match.group(1).split(", ")):
                 if rank not in waited:
                     lost.setdefault(rank, f"its peers timed out waiting for it (rank {record['rank']} said so)")
-    for record in end.records:
+    for record in records:
         if record.get("cause") == "failed" and record["rank"] not in lost and record["rank"] not in waited:
             return None   # a program failed on its own
     return Loss(lost, frozenset(silent)) if lost else None
@@ -172,15 +184,20 @@ def _remove_commits(plan: LaunchPlan, launcher, local_host, commit_dir: str) -> 
     run_generation(build_command(cleaner, launcher, local_host), grace_seconds=2.0)
 
 
-def _reachable(plan: LaunchPlan, launcher, local_host, hosts: list[str], seconds: float = 5.0) -> set[str]:
-    """The hosts a rank can be started on now: a job of `true` on each, through the MPI, as the next
-    generation would start (over the network: a host whose link is gone cannot start its daemon)."""
+def _probe(plan: LaunchPlan, launcher, local_host, directory: str, generation: int, hosts: list[str],
+           seconds: float = 3.0) -> tuple[set[str], list[dict]]:
+    """A job of one rank per host, through the MPI, as the next generation would start (over the network: a
+    host whose link is gone cannot start its daemon): which hosts can start a rank now, and the exit records
+    the ranks of `generation` kept on them (rank_wrapper.py `_keep_record`), which the stream may have lost."""
+    kept = os.path.join(directory, "records")
+    show = (f'cat "{kept}/$(hostname)"/gen-{generation}-rank-*.rec 1>&2 2>/dev/null; exit 0')
     probe = dataclasses.replace(plan, nranks=len(hosts), hosts=tuple((host, 1) for host in hosts), ranks_per_host=1,
-                                program=("true",), pin_prefixes=(), output_all=False, errors_all=False)
+                                program=("sh", "-c", show), pin_prefixes=(), output_all=False, errors_all=True,
+                                rank_env={k: v for k, v in plan.rank_env.items() if k != COMMIT_DIR_VARIABLE})
     progress = LaunchProgress(probe.nranks, probe.hosts, probe.launch_agent)
     end = run_generation(build_command(probe, launcher, local_host), launch=progress, launch_timeout=seconds,
-                         grace_seconds=1.0)
-    return {hosts[rank] for rank in end.started}
+                         grace_seconds=1.0, quiet=True)
+    return {hosts[rank] for rank in end.started}, end.records
 
 
 def _describe(loss: Loss, plan: LaunchPlan, end: JobEnd) -> str:
@@ -238,17 +255,21 @@ def run_elastic(plan: LaunchPlan, launcher, local_host, *, min_ranks: int, max_r
         while True:
             command = build_command(current, launcher, local_host)
             progress = LaunchProgress(current.nranks, current.hosts, current.launch_agent)
+            # A shorter grace than a plain job's: the MPI cannot end a generation that lost a host's daemon.
             end = run_generation(command, launch=progress, launch_timeout=launch_timeout, verbose=verbose,
-                                 then="ending this generation of the elastic job", poll=watch.poll)
+                                 then="ending this generation of the elastic job", poll=watch.poll,
+                                 grace_seconds=_GRACE_SECONDS)
             ended_at = time.monotonic()
-            if end.launch_failure or end.interrupted or end.first is None:
+            # No rank failed, yet the job did not succeed: the MPI may have ended it on losing a host's daemon
+            # before any rank timed out; find_loss asks which hosts are gone.
+            if end.launch_failure or end.interrupted or (end.first is None and end.returncode == 0):
                 return end.report()
             if resized(end) and watch.wanted is not None:
                 placement, why = capped(watch.wanted, max_ranks), "the job's hosts changed"
                 watch.wanted = None
             else:
-                loss = find_loss(end, current, lambda hosts: _reachable(current, launcher, local_host, hosts)
-                                 if current.hosts else set(hosts))
+                loss = find_loss(end, current, (lambda hosts: _probe(current, launcher, local_host, directory,
+                                                                     generation, hosts)) if current.hosts else None)
                 if loss is None:
                     return end.report()
                 placement, why = survivors(current, end, loss), f"lost {_describe(loss, current, end)}"
@@ -256,8 +277,8 @@ def run_elastic(plan: LaunchPlan, launcher, local_host, *, min_ranks: int, max_r
                 if left < min_ranks:
                     print(f"tarantella: error: elastic job: {why}; {left} rank(s) left, fewer than --min-ranks "
                           f"{min_ranks}; the job ends", file=sys.stderr, flush=True)
-                    end.report()
-                    return end.first["exit_code"]
+                    code = end.report()
+                    return code if code else 1
             generation += 1
             current = _generation_plan(current, placement, generation, directory)
             hosts = f" on {', '.join(f'{h}:{c}' for h, c in placement)}" if current.hosts else ""

@@ -366,17 +366,39 @@ class _Stop:
         # ended had hung (the job's end may continue it first: the MPI signals the whole process group).
         self.stopped_since: float | None = None
         self.stopped_for = 0.0
+        self.identity: dict | None = None   # rank, host, ... for a record
 
     def handle(self, signum, _frame) -> None:
         if signum in _STOPPING_SIGNALS and self.stopping_signal is None:
             self.stopping_signal = signum
             if self.stopped_since is not None:
                 self.stopped_for = time.monotonic() - self.stopped_since
+                if self.identity is not None:   # kept at once: the job's end may not let this wrapper finish
+                    _keep_record({**self.identity, "exit_code": 128 + signum, "signal": None, "cause": "stopped",
+                                  "stopped_for": round(self.stopped_for, 1), "end_time": time.time()})
         if self.child is not None and self.child.returncode is None:
             try:
                 self.child.send_signal(signum)
             except ProcessLookupError:
                 pass
+
+
+def _keep_record(record: dict) -> None:
+    """An elastic job's ranks also keep their exit record in a file of their host (TNT_ELASTIC_DIR: the names
+    in tarantella/elastic/__init__.py), where the launcher reads it if the stream lost it: the MPI may end the
+    job before a remote rank's output arrives (Note [Elastic generations] in elastic.py)."""
+    root = os.environ.get("TNT_ELASTIC_DIR")
+    if not root:
+        return
+    try:
+        here = os.path.join(root, "records", record["host"])
+        os.makedirs(here, exist_ok=True)
+        path = os.path.join(here, f"gen-{os.environ.get('TNT_ELASTIC_GENERATION', '1')}-rank-{record['rank']}.rec")
+        with open(path + ".tmp", "wb") as handle:
+            handle.write(encode_exit_record(record))
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
 
 
 def _process_state(pid: int) -> str | None:
@@ -429,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
 
     tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
     stop = _Stop()
+    stop.identity = {"rank": me.rank, "size": me.size, "local_rank": me.local_rank, "host": socket.gethostname(),
+                     "pid": os.getpid()}
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, stop.handle)
     parent = os.getppid()
@@ -445,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
                       "stderr_tail": text, "stderr_shown": show_stderr, "stopped_for": round(stop.stopped_for, 1),
                       "end_time": ended_at[0] if ended_at else time.time()}
             _write_all(2, encode_exit_record(record))
+            _keep_record(record)
         return exit_code
 
     try:

@@ -132,6 +132,7 @@ class _StderrWatcher(threading.Thread):
         self.launch = launch
         self.verbose = verbose  # held-back output of a failed launch is shown too
         self.then = "stopping the job"  # what the first failure's notice says happens next
+        self.quiet = False              # output read for the records only
         self.lock = threading.Lock()
         self.records: list[dict] = []
         self.started: dict[int, str] = {}   # rank -> host, from the start records
@@ -144,7 +145,7 @@ class _StderrWatcher(threading.Thread):
         return self._at_line_start
 
     def _write(self, data: bytes) -> None:
-        if data:
+        if data and not self.quiet:
             self._at_line_start = data.endswith(b"\n")
             _emit(sys.stderr, data)
 
@@ -336,6 +337,7 @@ class JobEnd:
     forced: bool                    # the launcher had to stop mpirun after a failure
     grace_seconds: float
     command: str
+    reported: bool = False          # mpirun could not even be started: the one line is printed already
 
     @property
     def first(self) -> dict | None:
@@ -343,6 +345,8 @@ class JobEnd:
 
     def report(self) -> int:
         """Prints how the job ended (the module docstring) and returns the launcher's exit code."""
+        if self.reported:
+            return self.returncode
         if self.launch_failure is not None:
             print(self.launch_failure, file=sys.stderr, flush=True)
             return LAUNCH_FAILED
@@ -371,11 +375,11 @@ def run_job(argv: list[str], **options) -> int:
 def run_generation(argv: list[str], *, env: dict | None = None, grace_seconds: float = GRACE_SECONDS,
                    kill_after_seconds: float = KILL_AFTER_SECONDS, launch: LaunchProgress | None = None,
                    launch_timeout: float | None = None, verbose: bool = False,
-                   then: str = "stopping the job", poll=None) -> JobEnd:
+                   then: str = "stopping the job", poll=None, quiet: bool = False) -> JobEnd:
     """Runs argv to its end. With `launch`, a launch that fails or takes longer than launch_timeout seconds
     ends with one line and exit code 2 (launch_check.py). `then`: what the notice of the first failure says
     happens next; `poll(process)`: called about every second while mpirun runs (an elastic job's host
-    watch)."""
+    watch); `quiet`: the ranks' output is read for their records and not passed on (an elastic job's probe)."""
     wake = threading.Event()
     failed_at: list[float] = []
     interrupted: list[int] = []
@@ -389,11 +393,11 @@ def run_generation(argv: list[str], *, env: dict | None = None, grace_seconds: f
                                    stdout=subprocess.PIPE if launch is not None else None)
     except OSError as error:
         print(f"tarantella: error: cannot start {argv[0]!r}: {error.strerror}", file=sys.stderr)
-        return JobEnd(127, [], {}, [], None, False, grace_seconds, argv[0])
+        return JobEnd(127, [], {}, [], None, False, grace_seconds, argv[0], reported=True)
     started_at = time.monotonic()
     launch_timed_out = False
     watcher = _StderrWatcher(process.stderr, on_first_failure, launch, verbose)
-    watcher.then = then
+    watcher.then, watcher.quiet = then, quiet
     watcher.start()
     stdout_pump = None
     if process.stdout is not None:

@@ -74,10 +74,11 @@ def test_ranks_on_this_host_only_shrink_in_number():
 def test_a_rank_that_timed_out_itself_is_no_loss_though_a_peer_waited_for_it():
     # Rank 1 waited for the hung rank 2, rank 0 for rank 1 (a cascade); only rank 2 is lost.
     plan = _plan(hosts=(("h0", 1), ("h1", 1), ("h2", 1)))
-    end = _end([_record(1, "h1", "failed", tail=TIMEOUT.replace("rank 3", "rank 2"), exit_code=1),
-                _record(0, "h0", "failed", tail=TIMEOUT.replace("rank 3", "rank 1"), exit_code=1),
-                _record(2, "h2")], hosts=("h0", "h1", "h2"))
-    assert list(find_loss(end, plan).ranks) == [2]
+    for cause in ("failed", "stopped"):   # rank 1 may have been ended by the MPI as it raised
+        end = _end([_record(1, "h1", cause, tail=TIMEOUT.replace("rank 3", "rank 2"), exit_code=1),
+                    _record(0, "h0", "failed", tail=TIMEOUT.replace("rank 3", "rank 1"), exit_code=1),
+                    _record(2, "h2")], hosts=("h0", "h1", "h2"))
+        assert list(find_loss(end, plan).ranks) == [2], cause
 
 
 def test_a_silent_host_that_can_start_a_rank_is_not_lost():
@@ -85,6 +86,27 @@ def test_a_silent_host_that_can_start_a_rank_is_not_lost():
     # the others waited for is lost.
     end = _end([_record(0, "h0", "failed", tail=TIMEOUT.replace("rank 3", "rank 2"), exit_code=1),
                 _record(1, "h0")])
-    loss = find_loss(end, _plan(), reachable=lambda hosts: set(hosts))
+    loss = find_loss(end, _plan(), probe=lambda hosts: (set(hosts), []))
     assert list(loss.ranks) == [2] and not loss.silent_hosts
     assert survivors(_plan(), end, loss) == [("h0", 2), ("h1", 1)]
+
+
+def test_a_host_whose_daemon_the_mpi_lost_first_is_found_by_the_probe():
+    # The MPI ended the job on losing h1's daemon before any rank timed out: no rank failed, nothing came
+    # from h1, and no rank can be started there.
+    end = _end([_record(0, "h0"), _record(1, "h0")])
+    loss = find_loss(end, _plan(), probe=lambda hosts: (set(), []))
+    assert sorted(loss.ranks) == [2, 3] and loss.silent_hosts == {1}
+    assert find_loss(end, _plan(), probe=lambda hosts: (set(hosts), [])) is None
+
+
+def test_records_the_stream_lost_are_read_where_the_ranks_kept_them():
+    # Only rank 0's record arrived (it timed out waiting for rank 1); the ranks of h1 and h2 kept theirs:
+    # rank 1 timed out itself, waiting for rank 2, which had been stopped. Only rank 2 is lost.
+    plan = _plan(hosts=(("h0", 1), ("h1", 1), ("h2", 1)))
+    end = _end([_record(0, "h0", "failed", tail=TIMEOUT.replace("rank 3", "rank 1"), exit_code=1)],
+               hosts=("h0", "h1", "h2"))
+    kept = [_record(1, "h1", "stopped", tail=TIMEOUT.replace("rank 3", "rank 2"), exit_code=1),
+            _record(2, "h2", stopped_for=9.7)]
+    loss = find_loss(end, plan, probe=lambda hosts: (set(hosts), kept))
+    assert list(loss.ranks) == [2] and "SIGSTOP" in loss.ranks[2]
