@@ -118,11 +118,16 @@ def find_loss(end: JobEnd, plan: LaunchPlan, probe=None) -> Loss | None:
             lost[rank] = f"was stopped (SIGSTOP) for {record['stopped_for']:g} s and hung"
         elif record.get("cause") == "failed" and record.get("signal"):
             lost[rank] = describe_end(record)
+    # Whom a timeout names counts only when nothing names a culprit outright: in a chain of waits (0 waits for
+    # 1, which waits for the stopped 2) the MPI may end rank 1 before it times out itself.
+    named = {}
     for record in records:
         for match in _MISSING.finditer(record.get("stderr_tail") or ""):
             for rank in map(int, match.group(1).split(", ")):
                 if rank not in waited:
-                    lost.setdefault(rank, f"its peers timed out waiting for it (rank {record['rank']} said so)")
+                    named.setdefault(rank, f"its peers timed out waiting for it (rank {record['rank']} said so)")
+    if not lost:
+        lost = named
     for record in records:
         if record.get("cause") == "failed" and record["rank"] not in lost and record["rank"] not in waited:
             return None   # a program failed on its own

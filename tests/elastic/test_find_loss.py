@@ -110,3 +110,11 @@ def test_records_the_stream_lost_are_read_where_the_ranks_kept_them():
             _record(2, "h2", stopped_for=9.7)]
     loss = find_loss(end, plan, probe=lambda hosts: (set(hosts), kept))
     assert list(loss.ranks) == [2] and "SIGSTOP" in loss.ranks[2]
+
+
+def test_a_rank_named_by_a_timeout_is_no_loss_when_another_was_found_stopped():
+    # Rank 0 timed out waiting for rank 1, which waited for the stopped rank 2 but was ended before it timed out.
+    plan = _plan(hosts=(("h0", 1), ("h1", 1), ("h2", 1)))
+    end = _end([_record(0, "h0", "failed", tail=TIMEOUT.replace("rank 3", "rank 1"), exit_code=1),
+                _record(1, "h1"), _record(2, "h2", stopped_for=9.3)], hosts=("h0", "h1", "h2"))
+    assert list(find_loss(end, plan).ranks) == [2]
