@@ -106,6 +106,10 @@ def writes_for_host(hosts: list[str]) -> bool:
 
 def restored_values(root: str, meta: dict, reader: int, variables: list) -> list[np.ndarray]:
     """Collective: the commit's values of `variables`, read on rank `reader` and given to every rank."""
+    if int(meta["count"]) != len(variables):
+        raise ValueError(f"tarantella --elastic: the commit holds {meta['count']} arrays, this program has "
+                         f"{len(variables)} variables (and metric states) to restore: it builds another model or "
+                         f"optimizer than the one committed")
     arrays = commit_store.read_arrays(commit_store.newest(root)[1], len(variables)) \
         if runtime.get_rank() == reader else None
     values = []

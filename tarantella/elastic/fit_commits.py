@@ -149,12 +149,7 @@ def prepare(model, dataset, initial_epoch: int, steps_per_epoch) -> Resume | Non
     meta, reader = agreed
     epoch, done = int(meta["epoch"]), int(meta["batches_done"])
     started = time.perf_counter()
-    every = variables + metrics
-    if int(meta["count"]) != len(every):
-        raise ValueError(f"tarantella --elastic: the commit holds {meta['count']} arrays, the model has "
-                         f"{len(every)} variables and metric states: the program builds another model than the "
-                         f"one committed")
-    values = committing.restored_values(root, meta, reader, every)
+    values = committing.restored_values(root, meta, reader, variables + metrics)
     for variable, value in zip(variables, values):
         variable.assign(value)
     # The summed metric state is rank 0's; the others start from none. A commit at an epoch's end holds the

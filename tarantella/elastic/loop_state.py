@@ -89,9 +89,6 @@ class State:
         if agreed is None:
             return False
         meta, reader = agreed
-        if int(meta["count"]) != len(self._variables):
-            raise ValueError(f"tnt.elastic.State: the commit holds {meta['count']} arrays, this state "
-                             f"{len(self._variables)} variables: build the same model and optimizer before restore()")
         for variable, value in zip(self._variables, committing.restored_values(self._root, meta, reader,
                                                                                 self._variables)):
             variable.assign(value)

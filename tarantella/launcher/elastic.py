@@ -221,7 +221,6 @@ class _HostWatch:
         self.seen = taken          # the hosts as last read
         self.wanted = None         # hosts the job should run on next, once the ranks left
         self._next = time.monotonic() + interval
-        self._asked_at = None
 
     def poll(self, process) -> None:
         if not self.source.dynamic or time.monotonic() < self._next:
