@@ -26,6 +26,11 @@ Growing (and shrinking on purpose): while a generation runs, the launcher reads 
 step (RESIZE_SIGNAL_NAME, sent again every interval until they do: a rank ignores it until its fit can take
 it); they agree on the step, commit and exit with RESIZE_EXIT_CODE, and the next generation runs on the new
 hosts (at most --max-ranks ranks). A host lost earlier comes back the same way: when the hosts change again.
+
+A generation after the first, and a probe, whose mpirun exits at start-up before any rank ran is launched
+again (up to _START_ATTEMPTS times): the hosts were just running ranks, and mpirun is known to fail so now
+and then (Note [A launch that started no rank is retried once] in launch_check.py). The first generation's
+launch failure is the user's (a wrong host, agent or network) and is reported at once, as without --elastic.
 """
 from __future__ import annotations
 
@@ -43,7 +48,7 @@ from tarantella.elastic import (COMMIT_DIR_VARIABLE, COMMIT_EVERY_VARIABLE, GENE
                                 RESIZE_SIGNAL_NAME)
 
 from .host_discovery import HostSource
-from .launch_check import LaunchProgress
+from .launch_check import LAUNCH_FAILED, LaunchProgress, no_rank_started
 from .launch_plan import LaunchPlan
 from .mpirun_command import build_command
 from .supervisor import JobEnd, describe_end, exception_summary, run_generation
@@ -56,6 +61,7 @@ __all__ = ["Loss", "find_loss", "survivors", "resized", "capped", "run_elastic",
 _MISSING = re.compile(r"timed out after \d+ s waiting for ranks? (\d+(?:, \d+)*)")
 _PEER_ERRORS = ("CollectiveTimeoutError", "GroupFailedError", "MpiError")
 _GRACE_SECONDS = 2.0
+_START_ATTEMPTS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,10 +205,18 @@ def _probe(plan: LaunchPlan, launcher, local_host, directory: str, generation: i
     probe = dataclasses.replace(plan, nranks=len(hosts), hosts=tuple((host, 1) for host in hosts), ranks_per_host=1,
                                 program=("sh", "-c", show), pin_prefixes=(), output_all=False, errors_all=True,
                                 rank_env={k: v for k, v in plan.rank_env.items() if k != COMMIT_DIR_VARIABLE})
-    progress = LaunchProgress(probe.nranks, probe.hosts, probe.launch_agent)
-    end = run_generation(build_command(probe, launcher, local_host), launch=progress, launch_timeout=seconds,
-                         grace_seconds=1.0, quiet=True)
+    for _ in range(_START_ATTEMPTS):
+        progress = LaunchProgress(probe.nranks, probe.hosts, probe.launch_agent)
+        end = run_generation(build_command(probe, launcher, local_host), launch=progress, launch_timeout=seconds,
+                             grace_seconds=1.0, quiet=True)
+        if not _started_none(end):
+            break
     return {hosts[rank] for rank in end.started}, end.records
+
+
+def _started_none(end: JobEnd) -> bool:
+    """mpirun exited at start-up before any rank ran (not a launch that timed out: a host that is gone)."""
+    return end.launch_failure is not None and bool(no_rank_started(LAUNCH_FAILED, end.launch_failure))
 
 
 def _describe(loss: Loss, plan: LaunchPlan, end: JobEnd) -> str:
@@ -255,6 +269,7 @@ def run_elastic(plan: LaunchPlan, launcher, local_host, *, min_ranks: int, max_r
         plan = dataclasses.replace(plan, rank_env={**plan.rank_env, COMMIT_EVERY_VARIABLE: str(commit_every)})
     generation, current = 1, _generation_plan(plan, None, 1, directory)
     watch = _HostWatch(source, interval, source.hosts())
+    attempt = 1
     try:
         while True:
             command = build_command(current, launcher, local_host)
@@ -264,6 +279,13 @@ def run_elastic(plan: LaunchPlan, launcher, local_host, *, min_ranks: int, max_r
                                  then="ending this generation of the elastic job", poll=watch.poll,
                                  grace_seconds=_GRACE_SECONDS)
             ended_at = time.monotonic()
+            if generation > 1 and attempt < _START_ATTEMPTS and _started_none(end) and not end.interrupted:
+                attempt += 1
+                print(f"tarantella: elastic: generation {generation} started no rank "
+                      f"({end.launch_failure.removeprefix('tarantella: error: ')}); "
+                      f"launching it again (attempt {attempt} of {_START_ATTEMPTS})", file=sys.stderr, flush=True)
+                continue
+            attempt = 1
             # No rank failed, yet the job did not succeed: the MPI may have ended it on losing a host's daemon
             # before any rank timed out; find_loss asks which hosts are gone.
             if end.launch_failure or end.interrupted or (end.first is None and end.returncode == 0):

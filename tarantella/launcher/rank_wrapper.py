@@ -141,6 +141,8 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUI
 _STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _PARENT_POLL_SECONDS = 1.0
 _STOP_GRACE_SECONDS = 5.0
+# A stopped program seen running again this long was resumed; sooner, the job's end may have continued it.
+_RESUMED_SECONDS = 3.0
 
 
 class RankIdentity:
@@ -363,10 +365,30 @@ class _Stop:
         self.child: subprocess.Popen | None = None
         self.stopping_signal: int | None = None
         # Since when the program has been stopped (SIGSTOP), looked at every second: one stopped when the job
-        # ended had hung (the job's end may continue it first: the MPI signals the whole process group).
+        # ended had hung. The job's end may continue it first (the MPI sends SIGCONT to the whole process group,
+        # then SIGTERM), so a stop counts until the program was seen running for _RESUMED_SECONDS.
         self.stopped_since: float | None = None
+        self.stopped_seen = 0.0
         self.stopped_for = 0.0
         self.identity: dict | None = None   # rank, host, ... for a record
+
+    def look(self, state: str | None) -> None:
+        """The program's state, every second. While it is stopped, its record is kept on the host at once:
+        the job's end may kill this wrapper too (Note [Elastic generations] in elastic.py)."""
+        now = time.monotonic()
+        if state in ("T", "t"):
+            self.stopped_since, self.stopped_seen = self.stopped_since or now, now
+            if self.stopping_signal is None and self.identity is not None:
+                _keep_record({**self.identity, "exit_code": None, "signal": None, "cause": "stopped",
+                              "stopped_for": round(self.stopped_seconds(), 1), "end_time": time.time()})
+        elif self.stopped_since is not None and self.stopping_signal is None and \
+                now - self.stopped_seen > _RESUMED_SECONDS:
+            self.stopped_since = None
+            if self.identity is not None:
+                _keep_record(None, self.identity)
+
+    def stopped_seconds(self) -> float:
+        return self.stopped_for if self.stopped_since is None else time.monotonic() - self.stopped_since
 
     def handle(self, signum, _frame) -> None:
         if signum in _STOPPING_SIGNALS and self.stopping_signal is None:
@@ -383,17 +405,23 @@ class _Stop:
                 pass
 
 
-def _keep_record(record: dict) -> None:
+def _keep_record(record: dict | None, identity: dict | None = None) -> None:
     """An elastic job's ranks also keep their exit record in a file of their host (TNT_ELASTIC_DIR: the names
     in tarantella/elastic/__init__.py), where the launcher reads it if the stream lost it: the MPI may end the
-    job before a remote rank's output arrives (Note [Elastic generations] in elastic.py)."""
+    job before a remote rank's output arrives (Note [Elastic generations] in elastic.py). None removes the
+    record of the rank `identity`."""
     root = os.environ.get("TNT_ELASTIC_DIR")
     if not root:
         return
+    who = record or identity
     try:
-        here = os.path.join(root, "records", record["host"])
+        here = os.path.join(root, "records", who["host"])
+        path = os.path.join(here, f"gen-{os.environ.get('TNT_ELASTIC_GENERATION', '1')}-rank-{who['rank']}.rec")
+        if record is None:
+            if os.path.exists(path):
+                os.remove(path)
+            return
         os.makedirs(here, exist_ok=True)
-        path = os.path.join(here, f"gen-{os.environ.get('TNT_ELASTIC_GENERATION', '1')}-rank-{record['rank']}.rec")
         with open(path + ".tmp", "wb") as handle:
             handle.write(encode_exit_record(record))
         os.replace(path + ".tmp", path)
@@ -414,10 +442,7 @@ def _watch_parent(stop: _Stop, parent: int) -> None:
     e.g. because mpirun was killed with SIGKILL and could not stop its ranks."""
     while stop.child is not None and stop.child.returncode is None:
         time.sleep(_PARENT_POLL_SECONDS)
-        if _process_state(stop.child.pid) in ("T", "t"):
-            stop.stopped_since = stop.stopped_since or time.monotonic()
-        elif stop.stopping_signal is None:
-            stop.stopped_since = None
+        stop.look(_process_state(stop.child.pid))
         if os.getppid() != parent:
             if stop.stopping_signal is None:
                 stop.stopping_signal = signal.SIGTERM
@@ -466,10 +491,12 @@ def main(argv: list[str] | None = None) -> int:
             record = {"rank": me.rank, "size": me.size, "local_rank": me.local_rank,
                       "host": host, "pid": os.getpid(), "exit_code": exit_code,
                       "signal": signum, "cause": cause, "command": command,
-                      "stderr_tail": text, "stderr_shown": show_stderr, "stopped_for": round(stop.stopped_for, 1),
+                      "stderr_tail": text, "stderr_shown": show_stderr, "stopped_for": round(stop.stopped_seconds(), 1),
                       "end_time": ended_at[0] if ended_at else time.time()}
             _write_all(2, encode_exit_record(record))
             _keep_record(record)
+        elif stop.stopped_since is not None:   # a stop it came back from
+            _keep_record(None, stop.identity)
         return exit_code
 
     try:

@@ -64,7 +64,10 @@ def _run_with_fault(command, env, state, generation: int, make_fault, undo=lambd
         for reader in readers:
             reader.join(timeout=10)
     stdout, stderr = "".join(output["out"]), "".join(output["err"])
-    described = f"exit {process.returncode}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+    # The launcher's own lines first: a failure's report is cut short, and the ranks' lines are long.
+    launcher = "".join(line for line in output["err"] if "tarantella" in line and "Traceback" not in line)
+    described = (f"exit {process.returncode}\n--- the launcher's lines ---\n{launcher}\n--- stdout ---\n{stdout}"
+                 f"\n--- stderr ---\n{stderr}")
     assert process.returncode == 0, described
     return stdout, stderr, described, fault_at
 
@@ -102,8 +105,9 @@ def test_a_job_that_loses_a_host_then_a_rank_ends_with_the_uninterrupted_weights
 @pytest.mark.timeout(900)
 def test_a_hung_rank_is_dropped_and_an_added_host_taken_mid_epoch(netns_cluster, tmp_path):
     """4 hosts of 1 rank, the job's hostfile lists 3: rank 2 is stopped (SIGSTOP) past the timeout, the job goes
-    on with 2 ranks; then the hostfile gains the fourth host in the middle of an epoch, and the job grows to 4.
-    Tolerance mode: the weights are the uninterrupted 2-rank run's within float rounding."""
+    on with 2 ranks; then the hostfile gains the fourth host in the middle of an epoch, and the job grows to 4,
+    though mpirun fails at start-up once, as it does now and then (the launch agent fails once). Tolerance
+    mode: the weights are the uninterrupted 2-rank run's within float rounding."""
     cluster = netns_cluster(hosts=4, slots=1)
     reference = run_ranks(2, PROGRAM, env=EXACT | {"TNT_EXACT_VIRTUAL_BATCHES": None}, timeout=120).check()
     [expected] = _lines(reference.stdout, "RESULT")
@@ -111,12 +115,18 @@ def test_a_hung_rank_is_dropped_and_an_added_host_taken_mid_epoch(netns_cluster,
     hostfile.write_text("".join(f"{host}\n" for host in cluster.hosts[:3]))
     args = cluster.launcher_args()
     args[args.index("--hostfile") + 1] = str(hostfile)
+    fail_once = tmp_path / "fail-once"
+    flaky_agent = tmp_path / "agent"
+    flaky_agent.write_text(f'#!/bin/sh\nrm "{fail_once}" 2>/dev/null && exit 1\nexec {cluster.agent} "$@"\n')
+    flaky_agent.chmod(0o755)
+    args[args.index("--launch-agent") + 1] = str(flaky_agent)
     command = [sys.executable, "-m", "tarantella.launcher", "--output-on-all-devices", *args, "--elastic",
                "--timeout", str(TIMEOUT), "--discovery-interval", "1", "--", PROGRAM, "--state", str(tmp_path),
                "--fault", "1:2:5:stop", "--fault", "2:0:11:pause"]
     env = launch_environment({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"})
 
     def add_host():
+        fail_once.touch()   # the next launch is generation 3's
         hostfile.write_text("".join(f"{host}\n" for host in cluster.hosts))
         return time.time()
     # The rank goes on once the launcher saw the new hosts (it reads the hostfile every second) and asked.
@@ -124,10 +134,12 @@ def test_a_hung_rank_is_dropped_and_an_added_host_taken_mid_epoch(netns_cluster,
                                                           release_when=r"the job's hosts are now")
     [result] = _lines(stdout, "RESULT")
     assert result["generation"] == 3 and result["size"] == 4 and result["steps"] == 24, described
-    assert re.search(r"lost rank 2 \(host \S+-h2\) (was stopped \(SIGSTOP\) for [\d.]+ s and hung|its peers "
-                     r"timed out).*; generation 2 goes on with 2 rank", stderr), described
+    assert re.search(r"lost rank 2 \(host \S+-h2\) was stopped \(SIGSTOP\) for [\d.]+ s and hung; generation 2 "
+                     r"goes on with 2 rank", stderr), described
     assert re.search(r"the job's hosts changed; generation 3 goes on with 4 rank\(s\) on " +
                      r", ".join(f"{host}:1" for host in cluster.hosts), stderr), described
+    assert re.search(r"generation 3 started no rank \(cannot start the ranks on host .*\); launching it again "
+                     r"\(attempt 2 of 3\)", stderr), described
     for mine, theirs in zip(result["weights"], expected["weights"]):
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
     [stopped] = _lines(stdout, "FAULT")[:1]

@@ -163,3 +163,20 @@ def test_bind_cores_runs_the_program_on_its_share_with_threads_to_match():
         assert done.stdout.strip() == f"[{rank}] {share} {len(share)} {interop_threads(len(share))}", done.stdout
     unbound = _wrap(program, 0)
     assert unbound.stdout.split("]")[0] + "]" == str(mask), unbound.stdout
+
+
+def test_a_stop_counts_until_the_program_ran_again_for_a_while(tmp_path, monkeypatch):
+    """The MPI ends a job by continuing its stopped ranks (SIGCONT) before it terminates them: a rank seen
+    stopped a moment ago had hung. While it is stopped, an elastic job's rank keeps its record on the host."""
+    from tarantella.launcher import rank_wrapper
+    monkeypatch.setenv("TNT_ELASTIC_DIR", str(tmp_path))
+    kept = tmp_path / "records" / "h" / "gen-1-rank-3.rec"
+    stop = rank_wrapper._Stop()
+    stop.identity = {"rank": 3, "host": "h"}
+    stop.look("T")
+    assert stop.stopped_seconds() > 0 and kept.exists()
+    stop.look("S")                      # continued by the job's end
+    assert stop.stopped_seconds() > 0 and kept.exists()
+    monkeypatch.setattr(rank_wrapper, "_RESUMED_SECONDS", 0.0)
+    stop.look("S")                      # running for longer: resumed, not hung
+    assert stop.stopped_seconds() == 0 and not kept.exists()
