@@ -8,11 +8,14 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 
 from tarantella import collectives, runtime, timeline
-from tarantella.elastic import COMMIT_EVERY_VARIABLE, RESIZE_EXIT_CODE, RESIZE_SIGNAL_NAME, commit_store
+from tarantella.elastic import (COMMIT_EVERY_VARIABLE, GENERATION_VARIABLE, RESIZE_EXIT_CODE, RESIZE_SIGNAL_NAME,
+                                commit_store)
+from tarantella.timeline import session as timeline_session
 
 __all__ = ["ResizeRequest", "resize_request", "leave_for_resize", "Writer", "commit_every", "agreed_commit",
            "restored_values", "writes_for_host"]
@@ -54,6 +57,7 @@ class Writer:
 
     def submit(self, root: str, arrays: list, meta: dict) -> None:
         self.flush()
+        meta = {**meta, "taken_at": time.time()}   # the timeline's resize starts there
         self._thread = threading.Thread(target=self._write, args=(root, arrays, meta), daemon=True,
                                         name="tnt-elastic-commit")
         self._thread.start()
@@ -84,7 +88,9 @@ def commit_every() -> int:
 
 
 def agreed_commit(root: str, fit_index: int) -> tuple[dict, int] | None:
-    """Collective: the newest commit of this fit call on any host, and the rank that reads it."""
+    """Collective: the newest commit of this fit call on any host, and the rank that reads it. Called as a
+    generation starts, which the timeline files then name (Note [Timeline files])."""
+    timeline_session.join_generation(int(os.environ.get(GENERATION_VARIABLE, "1") or "1"))
     found = commit_store.newest(root)
     mine = None
     if found is not None and int(found[0]["fit"]) == fit_index:
@@ -118,6 +124,11 @@ def restored_values(root: str, meta: dict, reader: int, variables: list) -> list
         for i, variable in enumerate(variables):
             mine = arrays[i] if arrays is not None else np.array(variable.numpy(), copy=True)
             values.append(collectives.broadcast(mine, root=reader))
+    if "taken_at" in meta:   # from the commit taken to the new generation holding it: steps lost and restart
+        now = time.monotonic()
+        timeline.complete(timeline.names.ELASTIC_RESIZE, now - max(0.0, time.time() - float(meta["taken_at"])), now,
+                          track="elastic", step=int(meta["global_step"]), world_size_before=int(meta["world_size"]),
+                          world_size=runtime.get_size(), generation=int(os.environ.get(GENERATION_VARIABLE, "1")))
     return values
 
 
@@ -129,5 +140,6 @@ def leave_for_resize(writer: Writer, step: int) -> None:
     # Asked again while leaving, the process must not die of it: Python restores the signal's default action
     # (terminate) at exit for handlers it set, not for an ignored signal.
     signal.signal(getattr(signal, RESIZE_SIGNAL_NAME), signal.SIG_IGN)
+    timeline_session.leave_generation()
     writer.flush()
     raise SystemExit(RESIZE_EXIT_CODE)

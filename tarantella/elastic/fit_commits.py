@@ -21,6 +21,7 @@ import numpy as np
 from tarantella import collectives, runtime
 from tarantella.data import distributed_dataset, resume_position
 from tarantella.elastic import commit_store, committing
+from tarantella.timeline import session as timeline_session
 from tarantella.step.metric_reduction import metric_variables
 from tarantella.step.rank_callbacks import state_variables
 
@@ -95,6 +96,7 @@ class CommitEveryStep(keras.callbacks.Callback):
                                                    "epoch": epoch, "batches_done": batches_done,
                                                    "iterators": self.made_before + self.iterations.value,
                                                    "world_size": runtime.get_size()})
+        timeline_session.spool()
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch

@@ -24,6 +24,7 @@ import socket
 
 from tarantella import collectives, runtime
 from tarantella.elastic import commit_store, committing
+from tarantella.timeline import session as timeline_session
 
 __all__ = ["State"]
 
@@ -77,6 +78,7 @@ class State:
             self._writer.submit(self._root, arrays, {"fit": 0, "global_step": self._commits, "epoch": 0,
                                                      "batches_done": 0, "values": self._values,
                                                      "world_size": runtime.get_size()})
+        timeline_session.spool()
         if committing.resize_request().agreed():
             committing.leave_for_resize(self._writer, self._commits)
 

@@ -31,7 +31,12 @@ Each rank is one process of the trace ("rank R"); its tracks (threads):
   elastic    an elastic job's (tarantella --elastic) `elastic_commit` after a step
              or an epoch (args: step, written: whether this rank wrote its host's
              copy) and `elastic_restore` when a new generation starts from a
-             commit (args: step, world_size: the ranks that made it).
+             commit (args: step, world_size: the ranks that made it); then
+             `elastic_resize`, from that commit taken to the new generation
+             holding it (steps trained after it, the lost rank's detection, the
+             relaunch; args: step, world_size_before, world_size, generation).
+             An elastic job's trace holds every generation (Note [Timeline
+             files] in session.py).
   python     any other tarantella.timeline.span(name, ...) of the program.
 A program computes the overlap from these names alone
 (tarantella.timeline.overlap.overlap_from_trace).
@@ -40,7 +45,7 @@ from __future__ import annotations
 
 __all__ = ["TRACKS", "DOCUMENTED", "track_id", "STEP", "BACKWARD", "OPTIMIZER", "ALLREDUCE", "BUCKET_READY",
            "METRIC_ALLREDUCE", "STATISTICS_ALLREDUCE", "WEIGHT_HANDOFF", "GRADIENTS_TO_OWNERS",
-           "WEIGHT_GATHERS", "ELASTIC_COMMIT", "ELASTIC_RESTORE"]
+           "WEIGHT_GATHERS", "ELASTIC_COMMIT", "ELASTIC_RESTORE", "ELASTIC_RESIZE"]
 
 TRACKS = ("step", "reducer", "metrics", "pipeline", "python", "statistics", "elastic")
 
@@ -56,6 +61,7 @@ GRADIENTS_TO_OWNERS = "gradients_to_owners"
 WEIGHT_GATHERS = "weight_gathers"
 ELASTIC_COMMIT = "elastic_commit"
 ELASTIC_RESTORE = "elastic_restore"
+ELASTIC_RESIZE = "elastic_resize"
 
 DOCUMENTED = {
     STEP: "step track: one fit step (args: step)",
@@ -75,6 +81,8 @@ DOCUMENTED = {
                           "sum (args: step, index)",
     ELASTIC_COMMIT: "elastic track: a commit after a step or an epoch (args: step, written)",
     ELASTIC_RESTORE: "elastic track: a new generation's restore of the newest commit (args: step, world_size)",
+    ELASTIC_RESIZE: "elastic track: from the commit a new generation restored being taken to the generation "
+                    "holding it (args: step, world_size_before, world_size, generation)",
 }
 
 

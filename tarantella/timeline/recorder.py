@@ -44,3 +44,8 @@ class Recorder:
     def snapshot(self) -> list[Event]:
         with self._lock:
             return list(self.events)
+
+    def since(self, index: int) -> tuple[list[Event], int]:
+        """The events recorded after the first `index`, and how many there are now."""
+        with self._lock:
+            return self.events[index:], len(self.events)

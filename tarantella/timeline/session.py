@@ -12,13 +12,26 @@ that dies or is stopped (an uncaught exception, SIGINT / Ctrl-C, SIGTERM), or
 whose hosts share no file system, leaves the per-rank files:
 `python -m tarantella.timeline merge FILE` merges them into FILE. Files are
 replaced atomically, so an interrupted write never leaves a truncated trace.
+
+An elastic job (tarantella --elastic) runs as generations of processes (Note
+[Elastic generations] in tarantella/launcher/elastic.py), so its ranks write
+FILE.gen<G>.rank<R>.json, and no generation but the last merges: one that leaves
+for a resize writes its rank files only, as one that lost a rank does. The last
+generation's master merges every generation's files into FILE, on one time axis,
+so the trace shows each generation, the commits and the resizes between them.
+A generation that loses a rank ends by the MPI killing the others, often before
+their exit hook runs; so at every commit an elastic job's rank also appends its
+new events to FILE.gen<G>.rank<R>.spool (JSON lines), which the merge reads where
+the rank left no file.
 """
 from __future__ import annotations
 
 import atexit
 import glob
+import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -26,7 +39,8 @@ import time
 from tarantella.timeline import trace_file
 from tarantella.timeline.recorder import Recorder
 
-__all__ = ["start", "recorder", "enabled", "rank_file", "write_rank_file", "finish", "abandon", "merge_rank_files"]
+__all__ = ["start", "recorder", "enabled", "rank_file", "write_rank_file", "finish", "abandon", "merge_rank_files",
+           "join_generation", "leave_generation", "spool"]
 
 logger = logging.getLogger("tarantella")
 
@@ -43,8 +57,14 @@ def recorder() -> Recorder | None:
     return _state.get("recorder")
 
 
-def rank_file(path: str, rank: int) -> str:
-    return f"{path}.rank{rank}.json"
+def rank_file(path: str, rank: int, generation: int | None = None) -> str:
+    return f"{path}.gen{generation}.rank{rank}.json" if generation else f"{path}.rank{rank}.json"
+
+
+def _rank_files(path: str) -> list[str]:
+    """Every rank file of FILE: a plain job's, and every generation's of an elastic job (its spool files too)."""
+    return sorted(glob.glob(glob.escape(path) + ".rank*.json") + glob.glob(glob.escape(path) + ".gen*.rank*.json")
+                  + glob.glob(glob.escape(path) + ".gen*.rank*.spool"))
 
 
 def start(path: str, rank: int, size: int) -> Recorder:
@@ -56,6 +76,48 @@ def start(path: str, rank: int, size: int) -> Recorder:
     for signum in (signal.SIGINT, signal.SIGTERM):
         _chain_signal(signum)
     return _state["recorder"]
+
+
+def join_generation(generation: int) -> None:
+    """This process is a rank of generation `generation` of an elastic job (Note [Timeline files])."""
+    if _state:
+        _state["generation"] = generation
+
+
+def spool() -> None:
+    """An elastic job's rank, at a commit: the events since the last spool appended to its spool file."""
+    if not _state or not _state.get("generation"):
+        return
+    record = _state["recorder"]
+    events, _state["spooled"] = record.since(_state.get("spooled", 0))
+    if events:
+        lines = [json.dumps(event) + "\n" for event in
+                 trace_file.rank_trace(_state["rank"], events, record.wall_offset)["events"]]
+        with open(_spool_file(_state["path"], _state["rank"], _state["generation"]), "a") as handle:
+            handle.write("".join(lines))
+
+
+def _spool_file(path: str, rank: int, generation: int) -> str:
+    return f"{path}.gen{generation}.rank{rank}.spool"
+
+
+def _spooled_trace(name: str) -> dict:
+    """A spool file as a trace (a line cut short by the rank's end is left out)."""
+    events = []
+    with open(name) as handle:
+        for line in handle:
+            try:
+                events.append(tuple(json.loads(line)))
+            except ValueError:
+                break
+    rank = int(re.search(r"\.rank(\d+)\.spool$", name).group(1))
+    return trace_file.merge_traces([{"rank": rank, "events": events}])
+
+
+def leave_generation() -> None:
+    """This generation ends for a resize: a later one merges the trace."""
+    if _state:
+        _state["leaving"] = True
 
 
 def _chain_signal(signum: int) -> None:
@@ -84,9 +146,14 @@ def _chain_signal(signum: int) -> None:
 def write_rank_file() -> str | None:
     if not _state:
         return None
-    target = rank_file(_state["path"], _state["rank"])
+    target = rank_file(_state["path"], _state["rank"], _state.get("generation"))
     content = trace_file.merge_traces([_this_rank()])
     trace_file.write_trace(target, content)
+    if _state.get("generation"):   # the rank file holds every event: its spool is not needed
+        try:
+            os.remove(_spool_file(_state["path"], _state["rank"], _state["generation"]))
+        except FileNotFoundError:
+            pass
     return target
 
 
@@ -114,13 +181,14 @@ def finish() -> None:
     _state["finished"] = True
     own = write_rank_file()
     clean = not _state["interrupted"] and sys.exc_info()[0] is None
-    if _state["rank"] != 0:
+    generation = _state.get("generation")
+    if _state["rank"] != 0 or _state.get("leaving"):
         return
-    if _state["size"] == 1:
+    if _state["size"] == 1 and not generation:
         trace_file.write_trace(_state["path"], trace_file.read_trace(own))
         os.unlink(own)
         return
-    expected = [rank_file(_state["path"], rank) for rank in range(_state["size"])]
+    expected = [rank_file(_state["path"], rank, generation) for rank in range(_state["size"])]
     deadline = time.monotonic() + (_MERGE_WAIT_SECONDS if clean else 0.0)
     while not all(os.path.exists(name) for name in expected) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -130,15 +198,18 @@ def finish() -> None:
                        "no file system); once they are all in %s, merge them with `python -m tarantella.timeline "
                        "merge %s`", ", ".join(missing), os.path.dirname(_state["path"]), _state["path"])
         return
+    merged = _rank_files(_state["path"])
     merge_rank_files(_state["path"])
-    for name in expected:
+    for name in merged:
         os.unlink(name)
 
 
 def merge_rank_files(path: str) -> tuple[str, int]:
-    """Merge FILE.rank*.json (left by a job that did not end cleanly) into FILE; (FILE, ranks merged)."""
-    found = sorted(glob.glob(glob.escape(path) + ".rank*.json"))
+    """Merge FILE.rank*.json (left by a job that did not end cleanly; FILE.gen*.rank*.json: an elastic job's)
+    into FILE; (FILE, rank files merged)."""
+    found = _rank_files(path)
     if not found:
         raise FileNotFoundError(f"tarantella: no per-rank timeline files {path}.rank<R>.json to merge")
-    trace_file.write_trace(path, trace_file.merge_files([trace_file.read_trace(name) for name in found]))
+    trace_file.write_trace(path, trace_file.merge_files([_spooled_trace(name) if name.endswith(".spool")
+                                                         else trace_file.read_trace(name) for name in found]))
     return path, len(found)

@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 
+from tarantella.timeline import names, trace_file
 from tests.multirank import run_ranks
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs", "elastic_fit.py")
@@ -67,14 +68,28 @@ def test_a_lost_rank_leaves_the_weights_of_the_uninterrupted_run_bit_for_bit(dat
 
 @pytest.mark.multirank
 @pytest.mark.timeout(300)
-def test_two_losses_in_a_row_train_as_the_uninterrupted_run():
+def test_two_losses_in_a_row_train_as_the_uninterrupted_run(tmp_path):
+    """3 -> 2 -> 1 ranks; the timeline holds every generation and shows the resizes between them."""
     reference = _run(2).check()
-    resized = _run(3, "--fault", "1:2:5:kill", "--fault", "2:1:13:kill", launcher_args=["--elastic"]).check()
+    trace_path = tmp_path / "trace.json"
+    resized = _run(3, "--fault", "1:2:5:kill", "--fault", "2:1:13:kill",
+                   launcher_args=["--elastic", "--timeline", str(trace_path)]).check()
     expected, [result] = _lines(reference, "RESULT")[0], _lines(resized, "RESULT")
     assert result["generation"] == 3 and result["size"] == 1, resized.describe()
     assert len(re.findall(r"tarantella: elastic: lost rank", resized.stderr)) == 2
     for mine, theirs in zip(result["weights"], expected["weights"]):
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    trace = trace_file.read_trace(str(trace_path))
+    assert sorted(tmp_path.iterdir()) == [trace_path]   # every generation's rank files merged and removed
+    resizes = sorted(((span["args"]["generation"], span["pid"], span["args"]["world_size_before"],
+                       span["args"]["world_size"]) for span in trace_file.spans(trace, names.ELASTIC_RESIZE)))
+    assert resizes == [(2, 0, 3, 2), (2, 1, 3, 2), (3, 0, 2, 1)], resizes
+    steps = trace_file.spans(trace, names.STEP)
+    assert {span["pid"] for span in steps} == {0, 1, 2}
+    first_resize = min(trace_file.spans(trace, names.ELASTIC_RESIZE), key=lambda span: span["ts"])
+    # Generation 1 trained before the resize, on the common time axis.
+    assert any(span["pid"] == 2 and span["ts"] < first_resize["ts"] + first_resize["dur"] for span in steps)
+    assert len(trace_file.spans(trace, names.ELASTIC_COMMIT)) >= 24
 
 
 @pytest.mark.multirank
