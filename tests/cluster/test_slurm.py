@@ -4,16 +4,19 @@ launcher is stopped, not run as N copies (tests/cluster/slurm_fixture.py starts 
 stops the daemons). Training under Slurm, on two nodes: test_slurm_hosts.py."""
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from tests.cluster.slurm_fixture import slurm  # noqa: F401  (the fixture)
 from tests.cluster.results import rank_results
-from tests.multirank import REPO_ROOT
+from tests.multirank import REPO_ROOT, run_ranks
 
 PROGRAM = os.path.join(REPO_ROOT, "tests", "cluster", "programs", "multi_host_step.py")
 LAUNCHER = [sys.executable, "-m", "tarantella.launcher"]
@@ -92,3 +95,28 @@ def test_srun_without_the_launcher_stops_instead_of_training_copies(slurm, tmp_p
     assert "size 1" not in text
     assert text.count("WorldSizeError: this rank is alone in its MPI world, but srun started "
                       "2 ranks (SLURM_STEP_NUM_TASKS=2)") == 2, text
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(200)
+def test_an_elastic_sbatch_job_goes_on_without_a_killed_rank(slurm, tmp_path):
+    """`tarantella --elastic` in an sbatch job: its generations run inside the allocation; a rank killed
+    (SIGKILL) leaves its slot, and the job ends with the weights of an uninterrupted 1-rank run within float
+    rounding (the elastic tests compare bit for bit on this host: tests/elastic)."""
+    program = os.path.join(REPO_ROOT, "tests", "elastic", "programs", "elastic_fit.py")
+    out = tmp_path / "job.out"
+    command = shlex.join([*LAUNCHER, "--elastic", "--min-ranks", "1", "--output-on-all-devices", "--",
+                          program, "--fault", "1:1:6:kill"])
+    done = slurm.batch(["-n", "2", "-c", "1", "--export=NONE", "-o", str(out),
+                        "--wrap", f"{JOB_ENV} {command}"], timeout=180)
+    text = out.read_text() if out.exists() else ""
+    assert done.returncode == 0, done.stderr + text
+    assert re.search(r"tarantella: elastic: lost rank 1 \(host \S+\) was killed by SIGKILL .*; generation 2 goes "
+                     r"on with 1 rank\(s\)", text), text
+    [result] = [json.loads(line.split("RESULT ", 1)[1]) for line in text.splitlines() if "RESULT " in line]
+    assert result["generation"] == 2 and result["size"] == 1 and result["steps"] == 24, text
+    reference = run_ranks(1, program, env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=120).check()
+    [expected] = [json.loads(line.split("RESULT ", 1)[1]) for line in reference.stdout.splitlines()
+                  if "RESULT " in line]
+    for mine, theirs in zip(result["weights"], expected["weights"]):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
