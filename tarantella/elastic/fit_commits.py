@@ -20,7 +20,7 @@ import numpy as np
 
 from tarantella import collectives, runtime
 from tarantella.data import distributed_dataset, resume_position
-from tarantella.elastic import commit_store, committing
+from tarantella.elastic import callback_state, commit_store, committing
 from tarantella.timeline import session as timeline_session
 from tarantella.step.metric_reduction import metric_variables
 from tarantella.step.rank_callbacks import state_variables
@@ -36,6 +36,16 @@ class Resume:
 
     def __init__(self, dataset, initial_epoch: int, callback: keras.callbacks.Callback, done: int = 0):
         self.dataset, self.initial_epoch, self.callback, self.done = dataset, initial_epoch, callback, done
+
+    def attach(self, callbacks: list) -> list:
+        """The fit's callbacks, the committing one after those whose state it commits (Note [Committed callback
+        state]), and after a History of the fit's own: the one Keras adds would come after it, too late to
+        commit an epoch's logs."""
+        if not any(isinstance(callback, keras.callbacks.History) for callback in callbacks):
+            callbacks = callbacks + [keras.callbacks.History()]
+        self.callback.tracked = [callback for callback in callbacks
+                                 if not type(callback).__module__.startswith("tarantella.")]
+        return callbacks + [self.callback]
 
     def install(self, model) -> None:
         """Wraps the model's train function: its first `done` calls read their batches and drop them."""
@@ -74,8 +84,10 @@ class CommitEveryStep(keras.callbacks.Callback):
 
     def __init__(self, root: str, fit_index: int, variables: list, metrics: list, writes: bool,
                  global_step: int, dropped: int, iterations: resume_position.IterationCount, made_before: int,
-                 metric_state: list | None = None):
+                 metric_state: list | None = None, callbacks_state: dict | None = None):
         super().__init__()
+        self.tracked: list = []                  # the callbacks whose state is committed (Resume.attach)
+        self.callbacks_state = callbacks_state   # restored into them once their on_train_begin ran
         self.root, self.fit_index, self.writes = root, fit_index, writes
         self.variables, self.metrics = variables, metrics   # the metrics' state is summed over the ranks
         # Iterators of the dataset made before this process's (restored) and by it (Note [Resuming the data
@@ -95,8 +107,13 @@ class CommitEveryStep(keras.callbacks.Callback):
             self.writer.submit(self.root, arrays, {"fit": self.fit_index, "global_step": self.global_step,
                                                    "epoch": epoch, "batches_done": batches_done,
                                                    "iterators": self.made_before + self.iterations.value,
-                                                   "world_size": runtime.get_size()})
+                                                   "world_size": runtime.get_size(),
+                                                   "callbacks": callback_state.captured(self.tracked)})
         timeline_session.spool()
+
+    def on_train_begin(self, logs=None):
+        if self.callbacks_state:
+            callback_state.restore(self.tracked, self.callbacks_state)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
@@ -166,5 +183,5 @@ def prepare(model, dataset, initial_epoch: int, steps_per_epoch) -> Resume | Non
     made = int(meta["iterators"]) - (1 if done else 0)
     resume_position.advance(dataset, made)
     callback = CommitEveryStep(root, fit_index, variables, metrics, writes, int(meta["global_step"]), done,
-                               resume_position.IterationCount(dataset), made, metric_state)
+                               resume_position.IterationCount(dataset), made, metric_state, meta.get("callbacks"))
     return Resume(dataset, epoch, callback, done)

@@ -331,7 +331,7 @@ class Model(Wrapping, ModelFiles, keras.Model):
                      + repro_hook.extra_callbacks())
         callbacks += order_check.callbacks(train=train, test=validation)  # collective, on every rank
         if resume is not None:
-            callbacks.append(resume.callback)
+            callbacks = resume.attach(callbacks)
         if timeline.enabled():  # Note [Timeline span names]
             callbacks.append(step_events.TimelineCallback(self._reductions.timeline_allreducers))
         self._validation_dataset = validation

@@ -41,15 +41,18 @@ for spec in args.fault:
     FAULTS[(int(generation), int(rank))] = (int(step), how)
 
 
-class Faults(keras.callbacks.Callback):
-    from_step = None   # a later generation: the commit's step (batches of it before are read and dropped)
+# A later generation: the commit's step (batches of it before are read and dropped). Not an attribute of the
+# callback: an elastic job commits its callbacks' attributes, and this one is this process's own.
+FROM_STEP = []
 
+
+class Faults(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
-        if GENERATION > 1 and RANK == 0 and self.from_step is None:
-            self.from_step = step
-        elif self.from_step is not None and step == self.from_step + 1:   # the first step this generation trained
-            print("RESUMED " + json.dumps({"from_step": self.from_step, "time": time.time(),
+        if GENERATION > 1 and RANK == 0 and not FROM_STEP:
+            FROM_STEP.append(step)
+        elif FROM_STEP and step == FROM_STEP[0] + 1:   # the first step this generation trained
+            print("RESUMED " + json.dumps({"from_step": FROM_STEP[0], "time": time.time(),
                                            "size": tnt.get_size()}), flush=True)
         fault = FAULTS.get((GENERATION, RANK))
         if fault and step == fault[0] and fault[1] != "commitkill":
@@ -89,14 +92,22 @@ model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"]
 rng = np.random.default_rng(3)
 x = rng.normal(size=(128, 6)).astype(np.float32)
 y = (x[:, :1] * 2 - x[:, 1:2] + 0.1 * x[:, 2:3] ** 2).astype(np.float32)
+# Callbacks with state of their own, committed too: the patience count and best value; the learning rate they
+# change is the optimizer's.
+stopping = keras.callbacks.EarlyStopping(monitor="loss", patience=50, min_delta=1.0)
+plateau = keras.callbacks.ReduceLROnPlateau(monitor="mae", factor=0.5, patience=0, min_delta=0.3)
+callbacks = [Faults(), stopping, plateau]
 if args.data == "dataset":
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(128, seed=11, reshuffle_each_iteration=True).batch(16)
-    history = model.fit(data, epochs=3, verbose=0, callbacks=[Faults()])
+    history = model.fit(data, epochs=3, verbose=0, callbacks=callbacks)
 else:
-    history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[Faults()])
+    history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=callbacks)
 weights = model.get_weights()
 digest = hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes() for w in weights)).hexdigest()
 if RANK == 0:
     print("RESULT " + json.dumps({"weights_sha256": digest, "generation": GENERATION, "size": tnt.get_size(),
                                   "weights": [w.tolist() for w in weights], "history": history.history,
+                                  "callbacks": {"stopping": [stopping.wait, float(stopping.best)],
+                                                "plateau": [plateau.wait, float(plateau.best)],
+                                                "learning_rate": float(model.optimizer.learning_rate.numpy())},
                                   "steps": int(model.optimizer.iterations.numpy())}), flush=True)
