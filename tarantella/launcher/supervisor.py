@@ -49,6 +49,9 @@ _MARKER = EXIT_RECORD_MARKER.encode()
 _START_MARKER = START_RECORD_MARKER.encode()
 _LISTED = 8
 _POLL_SECONDS = 1.0  # how soon a signal to the launcher is acted on
+# Once mpirun ended, its pipes are read to their end; a process that outlived it and still holds them (a daemon
+# on a host mpirun cannot reach any more) is not waited for longer than this after the last output came.
+_QUIET_AFTER_END_SECONDS = 0.5
 
 
 def describe_end(record: dict) -> str:
@@ -139,12 +142,14 @@ class _StderrWatcher(threading.Thread):
         self.first_failure: dict | None = None
         self._on_first_failure = on_first_failure
         self._at_line_start = True
+        self.last_output = time.monotonic()   # of either stream
 
     @property
     def at_line_start(self) -> bool:
         return self._at_line_start
 
     def _write(self, data: bytes) -> None:
+        self.last_output = time.monotonic()
         if data and not self.quiet:
             self._at_line_start = data.endswith(b"\n")
             _emit(sys.stderr, data)
@@ -156,6 +161,7 @@ class _StderrWatcher(threading.Thread):
 
     def passes(self, data: bytes, stream: str) -> None:
         """Output of mpirun and the ranks: held back while the launch is under way."""
+        self.last_output = time.monotonic()
         with self.lock:
             if self.launch is not None and self.first_failure is None and \
                     self.launch.hold(data, stream):
@@ -225,6 +231,17 @@ def _emit(stream, data: bytes) -> None:
         stream.flush()
     except BrokenPipeError:
         pass
+
+
+def _drain(readers: list[threading.Thread], watcher: _StderrWatcher, longest: float) -> None:
+    """Waits for the readers of mpirun's pipes to reach their end, at most `longest` seconds, and no longer
+    than _QUIET_AFTER_END_SECONDS after the last output: orphans (a daemon on a host mpirun could not reach)
+    may hold the pipes open, and everything mpirun wrote is in them once it ended. (Both pipes waited for 5 s
+    each had cost a job that lost a host's link 10 s before it knew.)"""
+    ended = time.monotonic()
+    while any(reader.is_alive() for reader in readers) and time.monotonic() - ended < longest and \
+            time.monotonic() - max(ended, watcher.last_output) < _QUIET_AFTER_END_SECONDS:
+        time.sleep(0.02)
 
 
 def _pump_stdout(pipe, watcher: _StderrWatcher) -> None:
@@ -444,11 +461,8 @@ def run_generation(argv: list[str], *, env: dict | None = None, grace_seconds: f
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    # Orphans (a daemon on a host mpirun could not reach) may hold the pipes open:
-    # wait for the last output only briefly once the launcher had to stop mpirun.
-    watcher.join(timeout=0.5 if forced or launch_timed_out else 5.0)
-    if stdout_pump is not None:
-        stdout_pump.join(timeout=0.5 if forced or launch_timed_out else 5.0)
+    _drain([watcher] + ([stdout_pump] if stdout_pump is not None else []), watcher,
+           0.5 if forced or launch_timed_out else 5.0)
 
     if not watcher.at_line_start:  # the report starts a line of its own
         watcher.passes(b"\n", "err")

@@ -43,10 +43,18 @@ def _run_with_fault(command, env, state, generation: int, make_fault, undo=lambd
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env=env, text=True, errors="replace", start_new_session=True)
     output = {"out": [], "err": []}
-    readers = [threading.Thread(target=lambda name=name, pipe=pipe: output[name].extend(iter(pipe.readline, "")),
-                                daemon=True) for name, pipe in (("out", process.stdout), ("err", process.stderr))]
+    arrived = []   # (time, the launcher's line): where a recovery's seconds go
+
+    def read(name, pipe):
+        for line in iter(pipe.readline, ""):
+            output[name].append(line)
+            if line.startswith("tarantella:") or "] tarantella: elastic" in line:
+                arrived.append((time.time(), line))
+    readers = [threading.Thread(target=read, args=(name, pipe), daemon=True)
+               for name, pipe in (("out", process.stdout), ("err", process.stderr))]
     for reader in readers:
         reader.start()
+    fault_at = time.time()
     try:
         assert _wait_for(str(state / f"paused-{generation}"), process, 400), \
             f"generation {generation} did not reach its pause\n{''.join(output['err'])}"
@@ -64,8 +72,10 @@ def _run_with_fault(command, env, state, generation: int, make_fault, undo=lambd
         for reader in readers:
             reader.join(timeout=10)
     stdout, stderr = "".join(output["out"]), "".join(output["err"])
-    # The launcher's own lines first: a failure's report is cut short, and the ranks' lines are long.
-    launcher = "".join(line for line in output["err"] if "tarantella" in line and "Traceback" not in line)
+    # The launcher's own lines first, seconds after the fault: a failure's report is cut short, and the ranks'
+    # lines are long.
+    launcher = "".join(f"{at - fault_at:+6.1f} s {line}" for at, line in arrived)
+    print(launcher)
     described = (f"exit {process.returncode}\n--- the launcher's lines ---\n{launcher}\n--- stdout ---\n{stdout}"
                  f"\n--- stderr ---\n{stderr}")
     assert process.returncode == 0, described
