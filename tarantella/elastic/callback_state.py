@@ -18,13 +18,10 @@ attributes.
 from __future__ import annotations
 
 import json
-import logging
 
 import numpy as np
 
 __all__ = ["captured", "restore"]
-
-logger = logging.getLogger("tarantella")
 
 # Set by Keras for every fit, or not the callback's own: never committed.
 _NOT_STATE = frozenset({"model", "_model", "params", "validation_data", "_chief_worker_only", "_supports_tf_logs"})
