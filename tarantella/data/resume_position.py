@@ -10,6 +10,10 @@ that resumes from it first makes (and drops) as many iterators as the interrupte
 it was reading, which draws their seeds without reading an element; the next iterator Keras makes then
 yields the interrupted epoch's order.
 
+With fit(steps_per_epoch=...), Keras reads one iterator through the whole fit (a dataset that repeats
+forever): the new process makes as many iterators as were made before that one, and reads its dataset from
+the batch the resumed epoch started at (a skip over the earlier epochs' batches of this fit, which reads them).
+
 The batches the commit had done in that epoch are read and dropped by the train function
 (tarantella/elastic/fit_commits.py) instead of being cut off the dataset: the dataset keeps its length, so
 Keras counts the epoch's steps (and makes its iterators) as in the uninterrupted run, and the dropped batches

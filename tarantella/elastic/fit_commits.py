@@ -17,6 +17,7 @@ import time
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from tarantella import collectives, runtime
 from tarantella.data import distributed_dataset, resume_position
@@ -146,10 +147,14 @@ def prepare(model, dataset, initial_epoch: int, steps_per_epoch) -> Resume | Non
     root = commit_store.directory()
     if root is None:
         return None
-    if steps_per_epoch is not None:
-        raise ValueError("tarantella --elastic: fit(steps_per_epoch=...) is not supported yet (an epoch's "
-                         "steps would restart with the resumed epoch); leave steps_per_epoch out, or run "
-                         "without --elastic")
+    # With steps_per_epoch, Keras reads one iterator through the whole fit (an epoch ends after its steps,
+    # not with the data): resumed by skipping the earlier epochs' batches (Note [Resuming the data where it
+    # stood]). A dataset of finite length would also be made again when it runs out, mid-epoch.
+    forever = steps_per_epoch is not None
+    if forever and int(dataset.cardinality()) != int(tf.data.INFINITE_CARDINALITY):
+        raise ValueError("tarantella --elastic: fit(steps_per_epoch=...) is supported for a dataset that repeats "
+                         "forever (dataset.repeat()), which Keras reads through the whole fit; repeat the dataset, "
+                         "leave steps_per_epoch out, or run without --elastic")
     if getattr(model, "is_sharded", False):
         raise ValueError("tarantella --elastic: a sharded model (shard=...) cannot be resumed yet: its state is "
                          "split over the ranks; run it without shard=, or without --elastic")
@@ -179,9 +184,12 @@ def prepare(model, dataset, initial_epoch: int, steps_per_epoch) -> Resume | Non
         print(f"tarantella: elastic: {runtime.get_size()} ranks go on from the commit of epoch {epoch + 1}, "
               f"batch {done} (step {meta['global_step']}, made by {meta['world_size']} ranks), read on rank "
               f"{reader} (host {hosts[reader]}) in {time.perf_counter() - started:.2f} s", flush=True)
-    # The iterator the commit was reading is made again by Keras; an epoch's end commit read none.
-    made = int(meta["iterators"]) - (1 if done else 0)
+    # The iterator the commit was reading is made again by Keras; an epoch's end commit read none, unless one
+    # iterator serves the whole fit.
+    made = int(meta["iterators"]) - (1 if done or forever else 0)
     resume_position.advance(dataset, made)
+    if forever:   # this fit's batches before the resumed epoch; its own done ones are dropped by the train function
+        dataset = dataset.skip(int(meta["global_step"]) * max(1, int(model.steps_per_execution)) - done)
     callback = CommitEveryStep(root, fit_index, variables, metrics, writes, int(meta["global_step"]), done,
                                resume_position.IterationCount(dataset), made, metric_state, meta.get("callbacks"))
     return Resume(dataset, epoch, callback, done)

@@ -42,6 +42,7 @@ def _commit_dirs() -> set[str]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("data, fault", [("dataset", "1:1:11:kill"),        # mid-epoch
                                          ("arrays", "1:0:17:kill"),         # the master, at an epoch's start
+                                         ("repeat", "1:1:19:kill"),         # steps_per_epoch, epoch 3
                                          ("dataset", "1:0:9:commitkill")])  # in the middle of its commit
 def test_a_lost_rank_leaves_the_weights_of_the_uninterrupted_run_bit_for_bit(data, fault):
     before = _commit_dirs()
@@ -117,6 +118,9 @@ def test_below_min_ranks_and_failing_programs_end_the_job():
     assert failing.returncode == 1, failing.describe()
     assert "ValueError: rank 1 fails on its own at step 3" in failing.stderr
     assert "generation 2" not in failing.stderr and not _lines(failing, "RESULT")
+    unsupported = _run(1, "--data", "steps", launcher_args=["--elastic"])
+    assert unsupported.returncode == 1 and "ValueError: tarantella --elastic: fit(steps_per_epoch=...) is supported " \
+        "for a dataset that repeats forever" in unsupported.stderr, unsupported.describe()
     assert _commit_dirs() == before
 
 

@@ -29,7 +29,9 @@ import tensorflow as tf  # noqa: E402
 import tarantella as tnt  # noqa: E402
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--data", choices=["arrays", "dataset"], default="dataset")
+parser.add_argument("--data", choices=["arrays", "dataset", "repeat", "steps"], default="dataset",
+                    help="repeat: the dataset repeated forever, fit with steps_per_epoch=8; steps: not repeated, "
+                         "with steps_per_epoch=4")
 parser.add_argument("--fault", action="append", default=[])
 parser.add_argument("--state", default=None, help="a directory shared with the harness (pause faults)")
 args = parser.parse_args()
@@ -97,9 +99,14 @@ y = (x[:, :1] * 2 - x[:, 1:2] + 0.1 * x[:, 2:3] ** 2).astype(np.float32)
 stopping = keras.callbacks.EarlyStopping(monitor="loss", patience=50, min_delta=1.0)
 plateau = keras.callbacks.ReduceLROnPlateau(monitor="mae", factor=0.5, patience=0, min_delta=0.3)
 callbacks = [Faults(), stopping, plateau]
-if args.data == "dataset":
+if args.data in ("dataset", "repeat", "steps"):
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(128, seed=11, reshuffle_each_iteration=True).batch(16)
-    history = model.fit(data, epochs=3, verbose=0, callbacks=callbacks)
+    if args.data == "repeat":
+        history = model.fit(data.repeat(), epochs=3, steps_per_epoch=8, verbose=0, callbacks=callbacks)
+    elif args.data == "steps":
+        history = model.fit(data, epochs=3, steps_per_epoch=4, verbose=0, callbacks=callbacks)
+    else:
+        history = model.fit(data, epochs=3, verbose=0, callbacks=callbacks)
 else:
     history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=callbacks)
 weights = model.get_weights()
