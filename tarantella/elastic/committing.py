@@ -87,10 +87,15 @@ def commit_every() -> int:
     return int(raw)
 
 
+def _generation() -> int:
+    """Which generation of the elastic job this process belongs to (the launcher sets it)."""
+    return int(os.environ.get(GENERATION_VARIABLE, "1") or "1")
+
+
 def agreed_commit(root: str, fit_index: int) -> tuple[dict, int] | None:
     """Collective: the newest commit of this fit call on any host, and the rank that reads it. Called as a
     generation starts, which the timeline files then name (Note [Timeline files])."""
-    timeline_session.join_generation(int(os.environ.get(GENERATION_VARIABLE, "1") or "1"))
+    timeline_session.join_generation(_generation())
     found = commit_store.newest(root)
     mine = None
     if found is not None and int(found[0]["fit"]) == fit_index:
@@ -128,7 +133,7 @@ def restored_values(root: str, meta: dict, reader: int, variables: list) -> list
         now = time.monotonic()
         timeline.complete(timeline.names.ELASTIC_RESIZE, now - max(0.0, time.time() - float(meta["taken_at"])), now,
                           track="elastic", step=int(meta["global_step"]), world_size_before=int(meta["world_size"]),
-                          world_size=runtime.get_size(), generation=int(os.environ.get(GENERATION_VARIABLE, "1")))
+                          world_size=runtime.get_size(), generation=_generation())
     return values
 
 
