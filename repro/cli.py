@@ -129,7 +129,8 @@ def _check_options(parsed, script_args):
             for count in devices:
                 exact_reduction.check_decomposition(virtual, count)
         except ValueError as error:
-            raise UsageError(str(error).replace("tarantella exact mode", "--mode exact")) from None
+            raise UsageError(str(error).replace("tarantella exact mode", "--mode exact")
+                             .replace("TNT_EXACT_VIRTUAL_BATCHES", "--virtual-batches")) from None
     elif parsed.virtual_batches is not None:
         raise UsageError("--virtual-batches applies to --mode exact only")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -6,18 +6,21 @@ A global batch of B samples is cut into V virtual micro-batches of B/V samples
 gradient of the global batch's loss is the sum of the V micro-batch gradients
 (each of the micro-batch's mean loss times (B/V)/B), added in one fixed binary
 tree: leaves 0..V-1 in order, pairs of neighbours at every level,
-((g0+g1)+(g2+g3))+... With P ranks (P a power of two dividing V), rank r
-holds the contiguous, aligned block of micro-batches [r*V/P, (r+1)*V/P) (that
-is exactly the contiguous slice tarantella.data gives it when V divides B), sums
-its block with the same tree, which yields the subtree rooted over that block,
-and the engine's recursive-doubling allreduce then adds the ranks' subtrees
-pairwise: step `mask` adds rank r's partial sum to rank (r xor mask)'s, i.e.
-it builds the top log2(P) levels of the same tree (IEEE addition is
-commutative bit for bit, so both partners get the same bits; Note [Bitwise
-identical results] in csrc/engine/allreduce.hpp). Every micro-batch gradient
-is computed by the same ops on the same shapes from the same weights, so the
-leaves are bitwise equal too: the sum, and every weight after it, has the same
-bits for P = 1, 2, 4, ..., V.
+((g0+g1)+(g2+g3))+... With P ranks (any 1 <= P <= V), rank r holds the
+contiguous, aligned block of micro-batches where the engine's recursive
+doubling puts it in that tree (Note [Exact mode's blocks] in
+tarantella/data/exact_blocks.py; the V/P micro-batches [r*V/P, (r+1)*V/P)
+when P is a power of two), which is exactly the slice tarantella.data gives
+it. It sums its block with the same tree, which yields the subtree rooted over
+that block, and the engine's recursive-doubling allreduce then adds the ranks'
+subtrees: first a folded pair's (P not a power of two), then, at step `mask`,
+rank r's partial sum and rank (r xor mask)'s, i.e. it builds the top levels of
+the same tree (IEEE addition is commutative bit for bit, so both partners get
+the same bits; Note [Bitwise identical results] in
+csrc/engine/allreduce.hpp). Every micro-batch gradient is computed by the same
+ops on the same shapes from the same weights, so the leaves are bitwise equal
+too: the sum, and every weight after it, has the same bits for P = 1, 2, 3,
+..., V.
 
 Layers that look at the batch: BatchNormalization normalises each virtual
 micro-batch with its own statistics and takes one moving-average step per
@@ -37,25 +40,12 @@ from __future__ import annotations
 
 from typing import Callable, Sequence, TypeVar
 
-__all__ = ["is_power_of_two", "check_decomposition", "virtual_batch_size", "rank_block",
-           "tree_sum", "tree_sum_lists"]
+from tarantella.data.exact_blocks import check_decomposition, is_power_of_two, rank_blocks
+
+__all__ = ["check_decomposition", "rank_blocks", "virtual_batch_size", "tree_sum", "tree_sum_lists",
+           "ranks_tree_sum"]
 
 T = TypeVar("T")
-
-
-def is_power_of_two(n: int) -> bool:
-    return n >= 1 and n & (n - 1) == 0
-
-
-def check_decomposition(virtual_batches: int, size: int) -> None:
-    """V and P must be powers of two with P <= V (Note [Exact mode]); user errors otherwise."""
-    if not is_power_of_two(virtual_batches):
-        raise ValueError(f"tarantella exact mode: the number of virtual micro-batches must be a power of two, "
-                         f"got {virtual_batches}; set TNT_EXACT_VIRTUAL_BATCHES to 1, 2, 4, 8, ...")
-    if not is_power_of_two(size) or size > virtual_batches:
-        raise ValueError(f"tarantella exact mode: the rank count must be a power of two no larger than the "
-                         f"{virtual_batches} virtual micro-batches, got {size} ranks; run on 1, 2, 4, ... "
-                         f"ranks or raise TNT_EXACT_VIRTUAL_BATCHES")
 
 
 def virtual_batch_size(global_batch: int, virtual_batches: int) -> int:
@@ -65,13 +55,6 @@ def virtual_batch_size(global_batch: int, virtual_batches: int) -> int:
                          f"{virtual_batches} equal virtual micro-batches; use a global batch size (and a "
                          f"dataset length, or drop_remainder=True) that is a multiple of {virtual_batches}")
     return global_batch // virtual_batches
-
-
-def rank_block(virtual_batches: int, size: int, rank: int) -> range:
-    """The virtual micro-batches rank `rank` of `size` holds: a contiguous, aligned block."""
-    check_decomposition(virtual_batches, size)
-    per_rank = virtual_batches // size
-    return range(rank * per_rank, (rank + 1) * per_rank)
 
 
 def tree_sum(values: Sequence[T], add: Callable[[T, T], T] = lambda a, b: a + b) -> T:
@@ -93,3 +76,15 @@ def tree_sum_lists(per_batch: Sequence[Sequence[T]], add: Callable[[T, T], T] = 
     if any(len(gradients) != count for gradients in per_batch):
         raise ValueError("every micro-batch must have one gradient per variable")
     return [tree_sum([gradients[i] for gradients in per_batch], add) for i in range(count)]
+
+
+def ranks_tree_sum(values: Sequence[T], add: Callable[[T, T], T] = lambda a, b: a + b) -> T:
+    """The sum of one value per rank (any count) in the order the engine's recursive doubling adds them: the
+    first 2*rem values pairwise (rem = count minus the largest power of two in it), then the tree of the rest
+    (Note [Folding to a power of two] in csrc/engine/power_of_two_fold.hpp)."""
+    if not values:
+        raise ValueError("ranks_tree_sum needs at least one value")
+    core = 1 << (len(values).bit_length() - 1)
+    remainder = len(values) - core
+    folded = [add(values[2 * i], values[2 * i + 1]) for i in range(remainder)] + list(values[2 * remainder:])
+    return tree_sum(folded, add)

@@ -1,17 +1,16 @@
 """The TensorFlow train step of exact mode (Note [Exact mode] in tarantella/_repro/exact_reduction.py).
 
 A drop-in for tarantella.step.tf_steps.train_step: this rank's micro-batch is
-cut into its V/P virtual micro-batches, each gets its own forward and backward
-pass, their gradients are added in the fixed pairwise tree, and the model's
+cut into the virtual micro-batches of its block (V/P of them when P is a power
+of two; Note [Exact mode's blocks] in tarantella/data/exact_blocks.py), each
+gets its own forward and backward pass, their gradients are added in the fixed pairwise tree, and the model's
 allreduce (which must be recursive doubling) adds the ranks' subtrees.
 
 Enable it with TNT_EXACT_VIRTUAL_BATCHES=V (V a power of two >= the largest rank
-count to be compared) and TNT_ALLREDUCE_ALGORITHM=recursive_doubling; `tnt-repro
-check --mode exact` sets both.
+count to be compared; any count up to V) and
+TNT_ALLREDUCE_ALGORITHM=recursive_doubling; `tnt-repro check --mode exact` sets both.
 """
 from __future__ import annotations
-
-import os
 
 import keras
 import tensorflow as tf
@@ -19,23 +18,10 @@ import tensorflow as tf
 from tarantella import runtime
 from tarantella._repro import exact_batch_norm, exact_reduction
 from tarantella.data import distributed_dataset
+from tarantella.data.exact_blocks import VIRTUAL_BATCHES_VARIABLE, virtual_batches_from_environment
 from tarantella.step import batch_position, serial_random, tf_steps
 
 __all__ = ["VIRTUAL_BATCHES_VARIABLE", "virtual_batches_from_environment", "prepare", "train_step"]
-
-VIRTUAL_BATCHES_VARIABLE = "TNT_EXACT_VIRTUAL_BATCHES"
-
-
-def virtual_batches_from_environment() -> int | None:
-    """V from TNT_EXACT_VIRTUAL_BATCHES; None (exact mode off) when unset or empty."""
-    raw = os.environ.get(VIRTUAL_BATCHES_VARIABLE, "").strip()
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"tarantella exact mode: {VIRTUAL_BATCHES_VARIABLE}={raw!r} is not a whole number; "
-                         f"set it to a power of two such as 4") from None
 
 
 def prepare(virtual_batches: int, size: int, own_logic_of: str | None = None, weights_sharded: bool = False) -> None:
@@ -78,7 +64,7 @@ def train_step(model, data, virtual_batches: int):
     """One step of `model` (a tnt.Model) in exact mode; returns the metric results like Keras."""
     batch, global_size, _ = tf_steps.unpack(data, model.world_size)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-    per_rank = virtual_batches // model.world_size
+    per_rank = len(exact_reduction.rank_blocks(virtual_batches, model.world_size)[runtime.get_rank()])
     local_size = tf.shape(tf.nest.flatten(x)[0])[0]
     tf.debugging.assert_equal(
         tf.math.floormod(global_size, virtual_batches), tf.constant(0, global_size.dtype),

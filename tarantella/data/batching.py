@@ -5,7 +5,9 @@ Every global batch (of any size, including a partial last one) is split into
 if `r < global % size`, starting where rank r-1's ended. So concatenating the
 ranks' micro-batches in rank order gives back the global batch, and a global
 batch smaller than the rank count leaves the last ranks empty (they take part
-with zero samples and zero weight).
+with zero samples and zero weight). In tnt-repro's exact mode a global batch of a
+multiple of its virtual micro-batches is split at their blocks' edges instead
+(Note [Exact mode's blocks] in exact_blocks.py).
 """
 from __future__ import annotations
 
@@ -13,17 +15,25 @@ import math
 
 import numpy as np
 
+from tarantella.data import exact_blocks
+
 __all__ = ["micro_batch_size", "micro_batch_offset", "check_global_batch_size", "global_batch_sizes",
            "rank_sample_indices", "validation_split_at"]
 
 
 def micro_batch_size(global_batch: int, size: int, rank: int) -> int:
     """Samples rank `rank` (of `size`) processes from a global batch of `global_batch`."""
+    blocks = exact_blocks.block_bounds(global_batch, size, rank)
+    if blocks is not None:
+        return blocks[1]
     return global_batch // size + (1 if rank < global_batch % size else 0)
 
 
 def micro_batch_offset(global_batch: int, size: int, rank: int) -> int:
     """Index, inside the global batch, of rank `rank`'s first sample."""
+    blocks = exact_blocks.block_bounds(global_batch, size, rank)
+    if blocks is not None:
+        return blocks[0]
     return rank * (global_batch // size) + min(rank, global_batch % size)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tarantella.data import batching, order_check, serial_order
+from tarantella.data import batching, exact_blocks, order_check, serial_order
 
 __all__ = ["DATA", "GLOBAL_SIZE", "FIRST_INDEX", "is_distributed_element", "rank_range", "rank_start_count",
            "as_distributed_element", "sliced_for_rank", "from_arrays", "class_weights_as_sample_weights"]
@@ -37,10 +37,18 @@ def rank_range(batch, size: int, rank: int):
 
 
 def rank_start_count(total, size: int, rank: int):
-    """(start, count) of this rank's part of a global batch of `total` samples (int64 tensors)."""
+    """(start, count) of this rank's part of a global batch of `total` samples (int64 tensors), as
+    batching.micro_batch_offset and micro_batch_size give them for a size known in Python."""
     base, extra = total // size, total % size
     count = base + tf.cast(rank < extra, tf.int64)
     start = rank * base + tf.minimum(tf.constant(rank, tf.int64), extra)
+    virtual_batches = exact_blocks.virtual_batches_from_environment()
+    if virtual_batches and size > 1:   # exact mode: a multiple of V splits at the blocks' edges (Note there)
+        block = exact_blocks.rank_blocks(virtual_batches, size)[rank]
+        piece = total // virtual_batches
+        whole = tf.equal(total % virtual_batches, 0)
+        start = tf.where(whole, block.start * piece, start)
+        count = tf.where(whole, len(block) * piece, count)
     return start, count
 
 

@@ -5,6 +5,7 @@ writing thread, and leaving at a step's end when the launcher asks for a resize.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import threading
@@ -29,6 +30,10 @@ class ResizeRequest:
         self.asked = False
         if threading.current_thread() is threading.main_thread():
             signal.signal(getattr(signal, RESIZE_SIGNAL_NAME), self._ask)
+            # At exit Python puts back the default action (terminate) of a signal it handles, not of an ignored
+            # one: a request that comes as the program ends (its fit done) must not kill it, or the launcher
+            # would take the rank for lost.
+            atexit.register(signal.signal, getattr(signal, RESIZE_SIGNAL_NAME), signal.SIG_IGN)
 
     def _ask(self, _signum, _frame):
         self.asked = True

@@ -20,9 +20,10 @@ spread_transfers.py).
 The owner adds the ranks' gradients in the order of the allreduce it
 replaces: in rank order, left to right, as the engine's shared-memory
 reduction does (reduce_many in reduce_kernels.hpp; `auto` on one node, and any
-algorithm at 2 ranks), or, with the recursive_doubling algorithm at a
-power-of-two rank count (tnt-repro's exact mode), pairwise by rank bits,
-(r0 + r1) + (r2 + r3), as recursive doubling combines them. So the sums are
+algorithm at 2 ranks), or, with the recursive_doubling algorithm
+(tnt-repro's exact mode), pairwise by rank bits, (r0 + r1) + (r2 + r3), as
+recursive doubling combines them (at 3 ranks (r0 + r1) + r2: its fold first,
+exact_reduction.ranks_tree_sum). So the sums are
 bitwise those of unsharded data parallelism there; across nodes the ring's,
 Rabenseifner's and the hierarchical allreduce's orders vary by chunk, and the
 sums may differ from theirs by rounding. The whole-model decisions that need every gradient
@@ -34,6 +35,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tarantella import runtime, tf_ops
+from tarantella._repro import exact_reduction
 from tarantella.step.graph_allreduce import unchained
 from tarantella.sharding.send_counter import SendCounter
 from tarantella.sharding.spread_transfers import SpreadTransfers, data_token
@@ -52,8 +54,7 @@ class GradientsToOwners:
         self.channels = channels          # kept open while the step graph uses its id
         self._ops = tf_ops.load_ops()
         self.sends = SendCounter("tnt_gradient_sends")
-        self.pairwise = (runtime.settings().allreduce_algorithm == "recursive_doubling"
-                         and size & (size - 1) == 0)  # Note above
+        self.pairwise = runtime.settings().allreduce_algorithm == "recursive_doubling"  # Note above
         self._spread = SpreadTransfers(rank, size, channels, graph_marks.TO_OWNER, total_bytes)
 
     def __call__(self, gradients: list, owners: list, tags: list, overlap: bool = True) -> list:
@@ -93,9 +94,7 @@ class GradientsToOwners:
     def _sum(self, parts: list) -> tf.Tensor:
         """The ranks' gradients added in the order of the allreduce they replace (Note above)."""
         if self.pairwise:
-            while len(parts) > 1:
-                parts = [parts[i] + parts[i + 1] for i in range(0, len(parts), 2)]
-            return parts[0]
+            return exact_reduction.ranks_tree_sum(parts)
         total = parts[0]
         for part in parts[1:]:
             total = total + part

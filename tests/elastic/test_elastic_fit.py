@@ -29,9 +29,9 @@ def _run(ranks, *args, launcher_args=(), env=None, timeout=150):
 
 
 @functools.lru_cache(maxsize=None)
-def _exact_reference(data: str) -> dict:
+def _exact_reference(data: str, env: tuple = tuple(EXACT.items())) -> dict:
     """The uninterrupted 1-rank exact-mode result, one run per input kind for the tests that compare with it."""
-    return _lines(_run(1, "--data", data, launcher_args=EXACT_ARGS, env=EXACT).check(), "RESULT")[0]
+    return _lines(_run(1, "--data", data, launcher_args=EXACT_ARGS, env=dict(env)).check(), "RESULT")[0]
 
 
 def _commit_dirs() -> set[str]:
@@ -68,6 +68,32 @@ def test_a_lost_rank_leaves_the_weights_of_the_uninterrupted_run_bit_for_bit(dat
     print(f"recovery {resumed['time'] - fault_line['time']:.1f} s, "
           f"steps lost {fault_line['step'] - resumed['from_step']}")
     assert _commit_dirs() == before   # removed at the end
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(420)
+def test_four_then_three_then_four_ranks_train_the_uninterrupted_weights_bit_for_bit(tmp_path):
+    """Issue 42's resize, in exact mode with 4 virtual micro-batches: rank 3 is killed at step 5 (epoch 1), the 3
+    survivors hold 1, 1 and 2 of them (Note [Exact mode's blocks]); at step 12 (epoch 2, batch 4) the hostfile
+    lists the host with a slot more and the job grows back to 4 ranks (--max-ranks 4) at a step's end. The
+    weights are the uninterrupted 1-rank run's bit for bit."""
+    virtual = {"TNT_EXACT_VIRTUAL_BATCHES": "4"}
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=4\n")
+    (tmp_path / "hosts.next").write_text("localhost slots=5\n")
+    expected = _exact_reference("dataset", tuple(virtual.items()))
+    resized = _run(4, "--fault", "1:3:5:kill", "--fault", "2:0:12:hosts", "--hostfile", str(hostfile),
+                   launcher_args=["--elastic", "--hostfile", str(hostfile), "--max-ranks", "4",
+                                  "--discovery-interval", "1", *EXACT_ARGS], env=virtual, timeout=400).check()
+    [result] = _lines(resized, "RESULT")
+    sizes = [line["size"] for line in _lines(resized, "RESUMED")]
+    assert (result["generation"], result["size"], sizes) == (3, 4, [3, 4]), resized.describe()
+    assert result["weights_sha256"] == expected["weights_sha256"], resized.describe()
+    assert result["steps"] == expected["steps"] == 24
+    assert re.search(r"lost rank 3 \(host \S+\) was killed by SIGKILL .*; generation 2 goes on with 3 rank\(s\)",
+                     resized.stderr), resized.describe()
+    assert re.search(r"the job's hosts changed; generation 3 goes on with 4 rank\(s\)", resized.stderr), \
+        resized.describe()
 
 
 @pytest.mark.multirank

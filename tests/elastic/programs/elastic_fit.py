@@ -5,8 +5,10 @@
 A model with BatchNormalization and Dropout (state the step changes beside the weights) trains 3 epochs of 8
 global batches of 16 on a seeded input, reshuffled every epoch. --fault 1:1:11:kill makes rank 1 of
 generation 1 act when the optimizer has done 11 steps (epoch 2, batch 3): HOW is kill (SIGKILL), stop
-(SIGSTOP: it hangs), raise (a ValueError: the program fails on its own) or pause (writes
-STATE/paused-GEN and waits for STATE/go-GEN: the harness makes a fault meanwhile, such as a link cut);
+(SIGSTOP: it hangs), raise (a ValueError: the program fails on its own), pause (writes
+STATE/paused-GEN and waits for STATE/go-GEN: the harness makes a fault meanwhile, such as a link cut) or hosts
+(puts HOSTFILE.next in place of the job's HOSTFILE, given with --hostfile, and goes on once the launcher asked
+the ranks to leave for a resize);
 commitkill kills the rank in its host's commit of that step, after the files are written and before they are
 renamed into place. Printed: `FAULT {...}` by the
 faulty rank (with the time), `RESUMED {...}` by rank 0 of a later generation after its first trained step (with the
@@ -34,6 +36,7 @@ parser.add_argument("--data", choices=["arrays", "dataset", "repeat", "steps"], 
                          "with steps_per_epoch=4")
 parser.add_argument("--fault", action="append", default=[])
 parser.add_argument("--state", default=None, help="a directory shared with the harness (pause faults)")
+parser.add_argument("--hostfile", default=None, help="the job's hostfile (hosts faults)")
 args = parser.parse_args()
 GENERATION = int(os.environ.get("TNT_ELASTIC_GENERATION", "1"))
 RANK = tnt.get_rank()
@@ -66,6 +69,13 @@ class Faults(keras.callbacks.Callback):
                 open(os.path.join(args.state, f"paused-{GENERATION}"), "w").close()
                 go, deadline = os.path.join(args.state, f"go-{GENERATION}"), time.time() + 120
                 while not os.path.exists(go) and time.time() < deadline:
+                    time.sleep(0.05)
+                return
+            if fault[1] == "hosts":   # the launcher reads the hostfile again, and the ranks leave at a step's end
+                from tarantella.elastic import committing
+                os.replace(args.hostfile + ".next", args.hostfile)
+                deadline = time.time() + 120   # goes on once asked, mid-epoch (the other ranks wait in the step)
+                while not committing.resize_request().asked and time.time() < deadline:
                     time.sleep(0.05)
                 return
             os.kill(os.getpid(), signal.SIGKILL if fault[1] == "kill" else signal.SIGSTOP)
