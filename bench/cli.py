@@ -98,6 +98,9 @@ def _add_scaling(commands):
                         help="record each measured run's timeline (Chrome/Perfetto trace) as "
                              "DIR/<model>_<framework>_x<devices>.json (tarantella --timeline)")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
+    parser.add_argument("--kill-rank-at", type=_positive_int, metavar="STEP",
+                        help="then run the largest measured count again under `tarantella --elastic` with its last "
+                             "rank killed (SIGKILL) after this step (warm-up counted): a row with the recovery time")
 
 
 def _add_plot(commands):
@@ -188,6 +191,7 @@ def _scaling(args, argv) -> int:
         model_profile=args.model_profile,
         out=args.out or f"results/{args.model}_{args.framework}", timeout_s=args.timeout,
         seed=args.seed, timeline_dir=args.timeline, plots=not args.no_plots, progress=not args.quiet,
+        kill_rank_at=args.kill_rank_at,
         command="tnt-bench " + shlex.join(argv))
     summary = run_scaling(options)
     _print_points(summary)
@@ -233,6 +237,7 @@ def _print_points(summary):
               f"the speedups against it are not the system's. Measure again on a quiet machine "
               f"(docs/guides/benchmarking.md, 'A quiet machine').")
     _print_published(summary)
+    _print_rank_loss(summary)
 
 
 def _machine_note(point) -> str:
@@ -255,6 +260,21 @@ def _print_published(summary):
             if devices > 1:
                 here = f"{simulated[devices]:.2f}x" if devices in simulated else "-"
                 print(f"{devices:>7} {speedup:>17.2f}x {here:>28}")
+
+
+def _print_rank_loss(summary):
+    """The --kill-rank-at row (bench/sweep/rank_loss.py)."""
+    loss = summary.get("rank_loss")
+    if not loss:
+        return
+    print(f"with a rank lost (tarantella --elastic; rank {loss['killed_rank']} killed by SIGKILL after step "
+          f"{loss['killed_after_step']}):")
+    print(f"{'devices':>7} {'after':>6} {'recovery s':>11} {'steps redone':>13} {'step s before':>14} "
+          f"{'step s after':>13}")
+    print(f"{loss['devices']:>7} {loss['devices_after']:>6} {loss['recovery_s']:>11.1f} {loss['steps_redone']:>13} "
+          f"{loss['step_time_before_s']:>14.4f} {loss['step_time_after_s']:>13.4f}")
+    print("tnt-bench: recovery runs from the kill to the end of the first step the survivors trained: the loss "
+          "found, the ranks started, the model built, the last commit read, its first step traced and trained.")
 
 
 def _plot(args) -> int:

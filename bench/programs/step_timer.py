@@ -31,7 +31,8 @@ class StepTimer(keras.callbacks.Callback):
         self.step_times.append(now - self._last)
         self._last = now
         if self._progress_steps:
-            step = len(self.step_times)
+            # the optimizer's count: in an elastic job's later generation the timer's list is the commit's
+            step = int(self.model.optimizer.iterations.numpy())
             kind = "warm-up" if step <= self._warmup_steps else "timed"
             print(f"{PROGRESS_TAG}step {step}/{self._progress_steps} ({kind}) {self.step_times[-1]:.2f} s",
                   flush=True)

@@ -6,7 +6,10 @@
 Trains `warmup + steps` steps with Keras `fit` on the global batch (synthetic data by
 default) and prints, from the master rank, one line `TNT_BENCH_RESULT {json}` with
 the time of every timed step (the slowest rank's, for --framework keras). With
---profile-out (1 rank), it also measures the model's profile for the simulation.
+--profile-out (1 rank), it also measures the model's profile for the simulation. With
+--kill-rank-at K, run under `tarantella --elastic`, its last rank kills itself (SIGKILL) after
+step K of the first generation, writing the time to --fault-record; the next generation's
+master times its steps and says where it resumed (bench/programs/rank_fault.py).
 Exit codes: 0 done, 2 bad arguments, 3 the framework is not available.
 """
 from __future__ import annotations
@@ -35,6 +38,9 @@ def _parse(argv):
     parser.add_argument("--precision", choices=PRECISIONS, default="float32",
                         help="the Keras dtype policy (set before the model is built)")
     parser.add_argument("--profile-out", default=None, help="write the model profile here (1 rank)")
+    parser.add_argument("--kill-rank-at", type=int, default=None, metavar="STEP",
+                        help="elastic: the last rank kills itself after this step (counting warm-up)")
+    parser.add_argument("--fault-record", default=None, help="with --kill-rank-at: where the rank writes the time")
     return parser.parse_args(argv)
 
 
@@ -99,12 +105,13 @@ def main(argv=None) -> int:
     import tarantella as tnt
     from bench.models.registry import get_model_entry
     from bench.programs.framework import FrameworkMissing, batch_per_dataset, wrap_model
+    from bench.programs import rank_fault
     from bench.programs.result_line import format_result_line
     from bench.programs.step_timer import StepTimer
 
     rank, ranks = tnt.get_rank(), tnt.get_size()
     entry = get_model_entry(args.model)
-    if args.global_batch % ranks:
+    if args.global_batch % ranks and not args.kill_rank_at:   # the survivors of a loss split it unevenly
         print(f"train_benchmark: --global-batch {args.global_batch} is not divisible by "
               f"{ranks} ranks", file=sys.stderr)
         return 2
@@ -128,10 +135,12 @@ def main(argv=None) -> int:
             mine = dataset
             dataset = tnt.distribute_datasets_from_function(lambda context: mine)
     timer = StepTimer(args.warmup_steps + args.steps if rank == 0 else None, args.warmup_steps)
+    fault = rank_fault.RankFault(args.kill_rank_at, args.fault_record) if args.kill_rank_at else None
     tnt.barrier()
     history = model.fit(dataset, epochs=1, steps_per_epoch=args.warmup_steps + args.steps,
-                        callbacks=[timer], verbose=0, shuffle=False)
-    own_times = timer.step_times[args.warmup_steps:]
+                        callbacks=[timer] + ([fault] if fault else []), verbose=0, shuffle=False)
+    resumed = rank_fault.resumed() if fault else None   # a later generation of the elastic job: its own steps
+    own_times = resumed["step_times_s"] if resumed else timer.step_times[args.warmup_steps:]
     all_times = tnt.allgather_object(own_times)
     hosts = tnt.allgather_object(socket.gethostname())
     step_times = [max(times[i] for times in all_times) for i in range(len(own_times))]
@@ -151,6 +160,7 @@ def main(argv=None) -> int:
         "steps": args.steps, "step_times_s": step_times, "threads_per_rank": threads,
         "data": args.data, "precision": args.precision, "parameters": int(keras_model.count_params()),
         **({"input_alone_s": input_alone_s} if input_alone_s is not None else {}),
+        **({"elastic": resumed} if resumed else {}),
         "final_loss": float(history.history["loss"][-1]),
         "load_average_1m": round(os.getloadavg()[0], 2),  # others' work on the machine skews times
         "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,

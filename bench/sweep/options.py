@@ -30,6 +30,7 @@ class SweepOptions:
     timeout_s: float = 1800.0           # per run
     seed: int = 1
     timeline_dir: str | None = None     # each measured run writes <dir>/<model>_<framework>_x<devices>.json
+    kill_rank_at: int | None = None     # the largest measured count again, elastic, a rank killed after this step
     plots: bool = True
     progress: bool = True
     command: str = ""

@@ -26,8 +26,12 @@ class SweepRunError(RuntimeError):
 
 
 def launch_command(options: SweepOptions, devices: int, micro_batch: int,
-                   profile_out: str | None = None) -> list[str]:
+                   profile_out: str | None = None, fault: tuple[int, str] | None = None) -> list[str]:
+    """fault: (step, record file) runs the job under --elastic with its last rank killed after that step
+    (bench/programs/rank_fault.py)."""
     command = [sys.executable, "-m", "tarantella.launcher", "-n", str(devices)]
+    if fault:
+        command += ["--elastic"]
     if options.hostfile:
         command += ["--hostfile", options.hostfile]
     if options.npernode:
@@ -47,6 +51,8 @@ def launch_command(options: SweepOptions, devices: int, micro_batch: int,
         command += ["--data-dir", options.data_dir]
     if profile_out:
         command += ["--profile-out", profile_out]
+    if fault:
+        command += ["--kill-rank-at", str(fault[0]), "--fault-record", fault[1]]
     return command
 
 
@@ -55,10 +61,11 @@ def _tail(text: str, lines: int = 15) -> str:
 
 
 def run_point(options: SweepOptions, devices: int, micro_batch: int,
-              profile_out: str | None = None, on_step: Callable[[str], None] | None = None) -> dict:
+              profile_out: str | None = None, on_step: Callable[[str], None] | None = None,
+              fault: tuple[int, str] | None = None) -> dict:
     """The program's result on `devices` ranks, plus `command` and `elapsed_s`; `on_step` gets the
     program's per-step progress ("step 3/12 (timed) 0.45 s") while it runs."""
-    command = launch_command(options, devices, micro_batch, profile_out)
+    command = launch_command(options, devices, micro_batch, profile_out, fault)
     started = time.monotonic()
 
     def progress_line(line: str) -> None:

@@ -29,6 +29,7 @@ from bench.simulate.predict_sweep import check_cluster_capacity, simulated_row
 from bench.sweep.capacity import find_capacity, is_oversubscribed, split_counts
 from bench.sweep.options import SweepOptions
 from bench.sweep.progress import Progress
+from bench.sweep.rank_loss import check_rank_loss, rank_loss_count, run_rank_loss
 from bench.sweep.runner import measured_row, run_point
 from bench.validation.published_curves import curves_for
 from bench.validation.record import validation_points, write_validation
@@ -174,6 +175,7 @@ def run_scaling(options: SweepOptions) -> dict:
     """Run and/or simulate the sweep and write runs.csv, summary.json, profile.json, plots."""
     entry = get_model_entry(options.model)
     check_batches(options, entry.default_micro_batch)
+    check_rank_loss(options)
     epoch_examples = _epoch_examples(options, entry)
     if options.simulate and not options.cluster:
         raise BenchUsageError("--simulate needs --cluster PROFILE (a TOML file, or one of "
@@ -183,6 +185,7 @@ def run_scaling(options: SweepOptions) -> dict:
     if not options.simulate:
         capacity = find_capacity(options.hostfile, options.npernode)
         measure, beyond = split_counts(options.counts, capacity, options.oversubscribe)
+    loss_count = rank_loss_count(measure) if options.kill_rank_at else None
     cluster_name = options.cluster or (DEFAULT_CLUSTER if beyond else None)
     cluster = load_cluster_profile(cluster_name) if cluster_name else None
     if cluster is not None:
@@ -192,10 +195,11 @@ def run_scaling(options: SweepOptions) -> dict:
     os.makedirs(options.out, exist_ok=True)
     profile_path = os.path.join(options.out, "profile.json")
     machine, source = describe_machine(), describe_source()
-    runs = len(measure) + (0 if 1 in measure or (options.simulate and options.model_profile) else 1)
+    runs = (len(measure) + (0 if 1 in measure or (options.simulate and options.model_profile) else 1)
+            + (1 if loss_count else 0))
     progress = Progress(max(runs, 1), f"{options.model} ({options.framework})", enabled=options.progress)
 
-    measured_baseline, simulated_series = None, []
+    measured_baseline, simulated_series, rank_loss = None, [], None
     if options.simulate:
         profile = _profile_for_simulation(options, entry, progress, profile_path)
         _note_profile_batch(profile, options, entry, options.counts, cluster)
@@ -203,6 +207,14 @@ def run_scaling(options: SweepOptions) -> dict:
         simulated_series.append((profile, cluster))
     else:
         rows, measured_baseline = _measure(options, entry, progress, profile_path, measure, capacity)
+        if loss_count:
+            progress.start(loss_count, f"again under --elastic, rank {loss_count - 1} killed after step "
+                                       f"{options.kill_rank_at}")
+            micro = options.micro_batch_for(loss_count, entry.default_micro_batch)
+            rank_loss = run_rank_loss(options, loss_count, micro, next(r for r in rows if r["devices"] == loss_count),
+                                      on_step=lambda line: progress.step(loss_count, line))
+            progress.finish(loss_count, f"went on with {rank_loss['devices_after']} after "
+                                        f"{rank_loss['recovery_s']:.1f} s")
         if cluster is not None:
             # Beyond the machine: the whole series on the cluster, so its speedups have
             # their own 1-device figure; else the measured counts, for validation.
@@ -236,6 +248,7 @@ def run_scaling(options: SweepOptions) -> dict:
         "cluster": None if cluster is None else cluster.describe(),
         "points": summary_points(rows),
         "validation": validation,
+        "rank_loss": rank_loss,   # --kill-rank-at (bench/sweep/rank_loss.py)
         # published measurements of the simulated cluster, drawn and printed beside the simulation
         "published": [] if cluster is None or not any(r["simulated"] for r in rows)
         else [curve.describe() for curve in curves_for(entry.name, cluster.name)],

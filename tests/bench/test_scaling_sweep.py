@@ -82,3 +82,20 @@ def test_tiny_transformer_runs_on_one_device_and_counts_tokens(tmp_path):
     assert row["throughput_unit"] == "tokens/s" and row["speedup"] == pytest.approx(1.0)
     assert row["throughput"] == pytest.approx(row["global_batch"] * 16 / row["step_time_median_s"])
     assert not row["simulated"]
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(200)
+def test_a_rank_killed_mid_run_gives_the_recovery_row(tmp_path):
+    """--kill-rank-at (issue 42): the 2-device run again under `tarantella --elastic`, rank 1 killed after step 3;
+    the survivor goes on from the last commit and the row says after how long."""
+    out = tmp_path / "sweep"
+    done = _tnt_bench("scaling", "--model", "resnet_tiny", "--devices", "2", "--steps", "5", "--warmup-steps", "1",
+                      "--kill-rank-at", "3", "--no-plots", "--out", str(out), timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    loss = json.loads((out / "summary.json").read_text())["rank_loss"]
+    assert (loss["devices"], loss["devices_after"], loss["killed_rank"], loss["killed_after_step"]) == (2, 1, 1, 3)
+    assert 0 < loss["recovery_s"] < 120 and 1 <= loss["steps_redone"] <= 3, loss
+    assert loss["step_time_after_s"] > 0 and "--elastic" in loss["command"]
+    assert "with a rank lost (tarantella --elastic; rank 1 killed by SIGKILL after step 3)" in done.stdout
+    assert not list(out.glob(".rank_loss*"))
