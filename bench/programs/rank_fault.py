@@ -57,4 +57,5 @@ def resumed() -> dict | None:
     if not ends:
         return None
     return {"generation": _generation(), "ranks": tnt.get_size(),
-            "resumed_from_step": _THIS_PROCESS["resumed_from_step"], "first_step_end_time": ends[0], "step_times_s": [later - sooner for sooner, later in zip(ends, ends[1:])]}
+            "resumed_from_step": _THIS_PROCESS["resumed_from_step"], "first_step_end_time": ends[0],
+            "step_times_s": [later - sooner for sooner, later in zip(ends, ends[1:])]}
