@@ -36,6 +36,10 @@ class RankFault(keras.callbacks.Callback):
         super().__init__()
         self.step, self.record_path = step, record_path
 
+    def on_train_batch_begin(self, batch, logs=None):
+        if _generation() > 1 and _THIS_PROCESS["resumed_from_step"] is None:   # the commit is restored by now
+            _THIS_PROCESS["resumed_from_step"] = int(self.model.optimizer.iterations.numpy())
+
     def on_train_batch_end(self, batch, logs=None):
         done = int(self.model.optimizer.iterations.numpy())
         if _generation() == 1:
@@ -45,9 +49,11 @@ class RankFault(keras.callbacks.Callback):
                               handle)
                 os.kill(os.getpid(), signal.SIGKILL)
             return
-        if _THIS_PROCESS["resumed_from_step"] is None:
-            _THIS_PROCESS["resumed_from_step"] = done - 1
-        _THIS_PROCESS["step_ends"].append(time.time())
+        # Batches of the resumed epoch that the commit holds already are read and dropped, not trained: the
+        # optimizer's count does not move for them.
+        ends = _THIS_PROCESS["step_ends"]
+        if done > _THIS_PROCESS["resumed_from_step"] + len(ends):
+            ends.append(time.time())
 
 
 def resumed() -> dict | None:
