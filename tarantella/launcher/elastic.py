@@ -11,7 +11,8 @@ Which ranks were lost, from the ranks' exit records (supervisor.py):
   - a rank whose program was killed by a signal nobody in the job sent (SIGKILL, the OOM killer);
   - a rank whose program was found stopped (SIGSTOP) when the job ended: it hung;
   - a rank its peers' collectives timed out waiting for ("... waiting for rank 3"), unless it timed out
-    itself: then it was alive, waiting too;
+    itself: then it was alive, waiting too (so was a rank the MPI aborted on finding a lost peer's sockets
+    closed);
   - every rank of a host from which no record came and on which no rank can be started any more: the host,
     or its network, is gone.
 The MPI may end a generation before a remote rank's record reaches the launcher, so in a generation on
@@ -60,6 +61,10 @@ __all__ = ["Loss", "find_loss", "survivors", "resized", "capped", "run_elastic",
 # more of ranks ..." names no one in particular and is not taken as a loss.
 _MISSING = re.compile(r"timed out after \d+ s waiting for ranks? (\d+(?:, \d+)*)")
 _PEER_ERRORS = ("CollectiveTimeoutError", "GroupFailedError", "MpiError")
+# Open MPI's TCP transport, on finding a peer's sockets closed (the peer killed), aborts the rank that finds it
+# outside any communicator's error handler ("An error occurred in Socket closed ... on a NULL communicator ...
+# MPI_ERRORS_ARE_FATAL"), before the engine sees anything: that rank is a victim of the loss, not a culprit.
+_PEER_GONE_IN_MPI = re.compile(r"An error occurred in Socket closed|peer process has unexpectedly disconnected")
 _GRACE_SECONDS = 2.0
 _START_ATTEMPTS = 3
 
@@ -113,7 +118,8 @@ def find_loss(end: JobEnd, plan: LaunchPlan, probe=None) -> Loss | None:
     # A rank that timed out itself was there to do so; the ranks it waited for may only have been waiting too.
     # (Its record may say "stopped": the MPI ended it as it raised.)
     waited = {record["rank"] for record in records
-              if (exception_summary(record.get("stderr_tail")) or "").startswith(_PEER_ERRORS)}
+              if (exception_summary(record.get("stderr_tail")) or "").startswith(_PEER_ERRORS)
+              or _PEER_GONE_IN_MPI.search(record.get("stderr_tail") or "")}
     lost: dict[int, str] = {}
     for rank in range(plan.nranks):
         record = by_rank.get(rank)
@@ -134,9 +140,13 @@ def find_loss(end: JobEnd, plan: LaunchPlan, probe=None) -> Loss | None:
                     named.setdefault(rank, f"its peers timed out waiting for it (rank {record['rank']} said so)")
     if not lost:
         lost = named
+    # A program failed on its own when its stderr ends in an exception of its own. A rank that shows none was
+    # ended by the MPI: on losing a peer, Open MPI aborts the rank that found it and then the job (exit code 14
+    # for every rank it ended so, with a message in one rank's stderr at most).
     for record in records:
-        if record.get("cause") == "failed" and record["rank"] not in lost and record["rank"] not in waited:
-            return None   # a program failed on its own
+        own = exception_summary(record.get("stderr_tail"))
+        if record.get("cause") == "failed" and record["rank"] not in lost and own and not own.startswith(_PEER_ERRORS):
+            return None
     return Loss(lost, frozenset(silent)) if lost else None
 
 

@@ -118,3 +118,28 @@ def test_a_rank_named_by_a_timeout_is_no_loss_when_another_was_found_stopped():
     end = _end([_record(0, "h0", "failed", tail=TIMEOUT.replace("rank 3", "rank 1"), exit_code=1),
                 _record(1, "h1"), _record(2, "h2", stopped_for=9.3)], hosts=("h0", "h1", "h2"))
     assert list(find_loss(end, plan).ranks) == [2]
+
+
+def test_a_rank_the_mpi_aborted_on_finding_a_peer_gone_is_no_loss():
+    # Rank 1 of h1 is killed; rank 2 (on h2) finds its sockets closed, and Open MPI's TCP transport aborts it
+    # (exit 14) before the engine sees anything: only rank 1 is lost.
+    plan = _plan(hosts=(("h0", 1), ("h1", 1), ("h2", 1), ("h3", 1)))
+    aborted = ("[h2:00000] *** An error occurred in Socket closed\n[h2:00000] *** on a NULL communicator\n"
+               "[h2:00000] *** MPI_ERRORS_ARE_FATAL (processes in this communicator will now abort,")
+    end = _end([_record(1, "h1", "failed", signal=9, exit_code=137),
+                _record(2, "h2", "failed", tail=aborted, exit_code=14), _record(0, "h0"), _record(3, "h3")],
+               hosts=("h0", "h1", "h2", "h3"))
+    loss = find_loss(end, plan)
+    assert list(loss.ranks) == [1], loss
+    assert survivors(plan, end, loss) == [("h0", 1), ("h2", 1), ("h3", 1)]
+    # The MPI then ends the job: the other ranks exit with the same code and no message of their own.
+    silent = _end([_record(1, "h1", "failed", signal=9, exit_code=137), _record(2, "h2", "failed", tail=aborted,
+                                                                              exit_code=14),
+                   _record(0, "h0", "failed", tail="I0000 oneDNN custom operations are on.", exit_code=14),
+                   _record(3, "h3", "failed", exit_code=14)], hosts=("h0", "h1", "h2", "h3"))
+    assert list(find_loss(silent, plan).ranks) == [1]
+    # One that fails of its own beside the loss still ends the job: its error is the user's.
+    own = _end([_record(1, "h1", "failed", signal=9, exit_code=137),
+                _record(0, "h0", "failed", tail="Traceback ...\nValueError: bad input", exit_code=1)],
+               hosts=("h0", "h1", "h2", "h3"))
+    assert find_loss(own, plan) is None
