@@ -12,19 +12,16 @@ data's position, and how a new generation of ranks agrees on the commit to resto
 from __future__ import annotations
 
 import logging
-import socket
-import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella import collectives, runtime
+from tarantella import collectives, runtime, stage_state
 from tarantella.data import distributed_dataset, resume_position
 from tarantella.elastic import callback_state, commit_store, committing
 from tarantella.timeline import session as timeline_session
 from tarantella.step.metric_reduction import metric_variables
-from tarantella.step.rank_callbacks import state_variables
 
 __all__ = ["Resume", "prepare"]
 
@@ -83,14 +80,14 @@ class CommitEveryStep(keras.callbacks.Callback):
     """Commits after every N-th training step and at every epoch's end (Note [Elastic commits]); at the end of a
     step the ranks agreed to leave at (a resize), too."""
 
-    def __init__(self, root: str, fit_index: int, variables: list, metrics: list, writes: bool,
-                 global_step: int, dropped: int, iterations: resume_position.IterationCount, made_before: int,
+    def __init__(self, root: str, fit_index: int, state: committing.NamedState, metrics: list, global_step: int,
+                 dropped: int, iterations: resume_position.IterationCount, made_before: int,
                  metric_state: list | None = None, callbacks_state: dict | None = None):
         super().__init__()
         self.tracked: list = []                  # the callbacks whose state is committed (Resume.attach)
         self.callbacks_state = callbacks_state   # restored into them once their on_train_begin ran
-        self.root, self.fit_index, self.writes = root, fit_index, writes
-        self.variables, self.metrics = variables, metrics   # the metrics' state is summed over the ranks
+        self.root, self.fit_index, self.state = root, fit_index, state
+        self.metrics = metrics   # the metrics' state is summed over the ranks
         # Iterators of the dataset made before this process's (restored) and by it (Note [Resuming the data
         # where it stood]).
         self.iterations, self.made_before = iterations, made_before
@@ -101,15 +98,12 @@ class CommitEveryStep(keras.callbacks.Callback):
 
     def _commit(self, epoch: int, batches_done: int) -> None:
         """Collective (the metrics' state, summed over the ranks: Note [Metric state rides with the
-        gradients]); the lowest rank of each host writes."""
+        gradients]); each rank writes the names it writes for its host (Note [A commit by name])."""
         summed = [collectives.allreduce(np.asarray(v.numpy())) for v in self.metrics]
-        if self.writes:
-            arrays = [variable.numpy() for variable in self.variables] + summed   # copies: the commit's values
-            self.writer.submit(self.root, arrays, {"fit": self.fit_index, "global_step": self.global_step,
-                                                   "epoch": epoch, "batches_done": batches_done,
-                                                   "iterators": self.made_before + self.iterations.value,
-                                                   "world_size": runtime.get_size(),
-                                                   "callbacks": callback_state.captured(self.tracked)})
+        self.state.submit(self.writer, self.root, summed,
+                          {"fit": self.fit_index, "global_step": self.global_step, "epoch": epoch,
+                           "batches_done": batches_done, "iterators": self.made_before + self.iterations.value,
+                           "callbacks": callback_state.captured(self.tracked)})
         timeline_session.spool()
 
     def on_train_begin(self, logs=None):
@@ -155,41 +149,60 @@ def prepare(model, dataset, initial_epoch: int, steps_per_epoch) -> Resume | Non
         raise ValueError("tarantella --elastic: fit(steps_per_epoch=...) is supported for a dataset that repeats "
                          "forever (dataset.repeat()), which Keras reads through the whole fit; repeat the dataset, "
                          "leave steps_per_epoch out, or run without --elastic")
-    if getattr(model, "is_sharded", False):
-        raise ValueError("tarantella --elastic: a sharded model (shard=...) cannot be resumed yet: its state is "
-                         "split over the ranks; run it without shard=, or without --elastic")
     fit_index = getattr(model, "_elastic_fit_calls", 0)
     model._elastic_fit_calls = fit_index + 1
-    hosts = collectives.allgather_object(socket.gethostname())
-    rank = runtime.get_rank()
-    writes = committing.writes_for_host(hosts)
-    variables, metrics = state_variables(model), _metrics_built(model, dataset)
+    metrics = _metrics_built(model, dataset)
+    summed = [f"m{i}" for i in range(len(metrics))]
+    state = committing.NamedState(_held_by_name(model), summed)
 
-    agreed = committing.agreed_commit(root, fit_index)
-    if agreed is None:
-        callback = CommitEveryStep(root, fit_index, variables, metrics, writes, 0, 0,
-                                   resume_position.IterationCount(dataset), 0)
+    restored = state.restore(root, fit_index)
+    if restored is None:
+        callback = CommitEveryStep(root, fit_index, state, metrics, 0, 0, resume_position.IterationCount(dataset), 0)
         return Resume(dataset, initial_epoch, callback)
-    meta, reader = agreed
+    meta, values = restored
     epoch, done = int(meta["epoch"]), int(meta["batches_done"])
-    started = time.perf_counter()
-    values = committing.restored_values(root, meta, reader, variables + metrics)
-    for variable, value in zip(variables, values):
-        variable.assign(value)
+    state.assign(values)
     # The summed metric state is rank 0's; the others start from none. A commit at an epoch's end holds the
     # finished epoch's, which Keras would reset.
-    metric_state = [value if rank == 0 else np.zeros_like(value) for value in values[len(variables):]] \
+    metric_state = [values[name] if runtime.get_rank() == 0 else np.zeros_like(values[name]) for name in summed] \
         if done else None
     if runtime.is_master_rank():
+        readers = sorted({state.hosts[r] for r in meta["readers"]})
         print(f"tarantella: elastic: {runtime.get_size()} ranks go on from the commit of epoch {epoch + 1}, "
-              f"batch {done} (step {meta['global_step']}, made by {meta['world_size']} ranks), read on rank "
-              f"{reader} (host {hosts[reader]}) in {time.perf_counter() - started:.2f} s", flush=True)
+              f"batch {done} (step {meta['global_step']}, made by {meta['world_size']} ranks), read on "
+              f"{'host' if len(readers) == 1 else 'hosts'} {', '.join(readers)} in {meta['seconds']:.2f} s",
+              flush=True)
     # The iterator the commit was reading is made again by Keras; an epoch's end commit read none, unless one
     # iterator serves the whole fit.
     made = int(meta["iterators"]) - (1 if done or forever else 0)
     resume_position.advance(dataset, made)
     if forever:   # this fit's batches before the resumed epoch; its own done ones are dropped by the train function
         dataset = dataset.skip(int(meta["global_step"]) * max(1, int(model.steps_per_execution)) - done)
-    callback = CommitEveryStep(root, fit_index, variables, metrics, writes, int(meta["global_step"]), done,
+    callback = CommitEveryStep(root, fit_index, state, metrics, int(meta["global_step"]), done,
                                resume_position.IterationCount(dataset), made, metric_state, meta.get("callbacks"))
     return Resume(dataset, epoch, callback, done)
+
+
+def _held_by_name(model) -> dict:
+    """{name: variable} of the state this rank holds (Note [A commit by name]): the wrapped model's variables and
+    the optimizers' state, those with storage here (a sharded rank's own share)."""
+    wrapped = getattr(model, "wrapped_model", model)
+    named = {f"v{i}": variable for i, variable in enumerate(wrapped.variables)}
+    for attribute, optimizer in _optimizers_by_attribute(model, wrapped).items():
+        for name, variable in stage_state.optimizer_state_by_name(optimizer, wrapped.variables).items():
+            named[f"o:{attribute}/{name}"] = variable
+    return {name: variable for name, variable in named.items() if not stage_state.is_released(variable)}
+
+
+def _optimizers_by_attribute(model, wrapped) -> dict:
+    """The optimizers that train, by the attribute that holds them: tnt.Model's own first, then the wrapped
+    model's (a GAN's d_optimizer, g_optimizer), each once. So the names do not depend on the rank count: a sharded
+    tnt.Model compiles the wrapped model with a stateless copy of its optimizer (Note [A sharded update]), which
+    its `optimizer` attribute then holds; it is not the one that trains, and is left out."""
+    found: dict = {}
+    for owner in (model, wrapped):
+        for attribute, value in [("optimizer", getattr(owner, "optimizer", None))] + list(vars(owner).items()):
+            if isinstance(value, keras.optimizers.Optimizer) and attribute not in found \
+                    and all(value is not other for other in found.values()):
+                found[attribute] = value
+    return found

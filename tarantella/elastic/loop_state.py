@@ -20,9 +20,8 @@ may differ from the commit's: tnt.get_size()). Outside an elastic job both do no
 from __future__ import annotations
 
 import os
-import socket
 
-from tarantella import collectives, runtime
+from tarantella import runtime, stage_state
 from tarantella.elastic import commit_store, committing
 from tarantella.timeline import session as timeline_session
 
@@ -33,18 +32,12 @@ _ROOT = "custom-loop"   # beside fit's commits, never mixed with them
 
 class State:
     def __init__(self, model=None, optimizer=None, variables=(), **values):
-        found, seen = [], set()
-        for variable in list(getattr(model, "variables", [])) + list(getattr(optimizer, "variables", [])) \
-                + list(variables):
-            if id(variable) not in seen:
-                seen.add(id(variable))
-                found.append(variable)
-        self._variables = found
+        self._model, self._optimizer, self._extra = model, optimizer, list(variables)
         self._values = dict(values)
         self._commits = 0
         self._reset_callbacks = []
         self._writer = committing.Writer()
-        self._writes = None
+        self._state = None
         root = commit_store.directory()
         self._root = os.path.join(root, _ROOT) if root else None
 
@@ -63,21 +56,28 @@ class State:
     def register_reset_callbacks(self, callbacks) -> None:
         self._reset_callbacks.extend(callbacks)
 
-    def _writes_here(self) -> bool:
-        if self._writes is None:
-            self._writes = committing.writes_for_host(collectives.allgather_object(socket.gethostname()))
-        return self._writes
+    def _named(self) -> committing.NamedState:
+        """Collective the first time, once the model and optimizer are built: their variables by name, those with
+        storage on this rank (Note [A commit by name]; a sharded optimizer's slots by their variables)."""
+        if self._state is None:
+            model_variables = list(getattr(self._model, "variables", []))
+            named = {f"v{i}": variable for i, variable in enumerate(model_variables)}
+            if self._optimizer is not None:
+                named.update({f"o/{name}": variable for name, variable in
+                              stage_state.optimizer_state_by_name(self._optimizer, model_variables).items()})
+            seen = {id(variable) for variable in named.values()}
+            named.update({f"x{i}": variable for i, variable in enumerate(self._extra) if id(variable) not in seen})
+            self._state = committing.NamedState({name: variable for name, variable in named.items()
+                                                 if not stage_state.is_released(variable)})
+        return self._state
 
     def commit(self) -> None:
         """Collective, at a step boundary: this state becomes what a new generation starts from."""
         if self._root is None:
             return
         self._commits += 1
-        if self._writes_here():
-            arrays = [variable.numpy() for variable in self._variables]
-            self._writer.submit(self._root, arrays, {"fit": 0, "global_step": self._commits, "epoch": 0,
-                                                     "batches_done": 0, "values": self._values,
-                                                     "world_size": runtime.get_size()})
+        self._named().submit(self._writer, self._root, [], {"fit": 0, "global_step": self._commits, "epoch": 0,
+                                                            "batches_done": 0, "values": self._values})
         timeline_session.spool()
         if committing.resize_request().agreed():
             committing.leave_for_resize(self._writer, self._commits)
@@ -86,14 +86,11 @@ class State:
         """Collective: sets the variables and values to the newest commit's; False when there is none."""
         if self._root is None:
             return False
-        self._writes_here()
-        agreed = committing.agreed_commit(self._root, 0)
-        if agreed is None:
+        restored = self._named().restore(self._root, 0)
+        if restored is None:
             return False
-        meta, reader = agreed
-        for variable, value in zip(self._variables, committing.restored_values(self._root, meta, reader,
-                                                                                self._variables)):
-            variable.assign(value)
+        meta, values = restored
+        self._named().assign(values)
         self._values = dict(meta["values"])
         self._commits = int(meta["global_step"])
         if runtime.is_master_rank():

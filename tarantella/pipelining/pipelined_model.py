@@ -51,6 +51,7 @@ import tensorflow as tf
 from tarantella import channels as peer_channels, collectives, runtime, stage_state
 from tarantella._repro import exact_train_step
 from tarantella.data import distributed_dataset, serial_order
+from tarantella.elastic import commit_store
 from tarantella.pipelining import data as pipeline_data
 from tarantella.step import batch_position, global_batch_norm, optimizers, rank_callbacks, serial_random
 from tarantella.step.adam_in_one_pass import adam_in_one_pass
@@ -414,6 +415,9 @@ class PipelinedModel(keras.Model):
             validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
             steps_per_epoch=None, validation_steps=None, validation_batch_size=None, validation_freq=1):
         """As keras.Model.fit; `batch_size` is the GLOBAL batch size, cut into num_micro_batches per replica."""
+        if commit_store.directory() is not None:   # refused, rather than a new generation training from scratch
+            raise ValueError("tarantella --elastic: a pipelined model (SplitLayer, more than one rank) is not "
+                             "committed yet; run it without --elastic, or data parallel without SplitLayer")
         if validation_split and validation_data is None:
             (x, y, sample_weight), validation_data = pipeline_data.split_for_validation(
                 x, y, sample_weight, validation_split)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tarantella.timeline import names, trace_file
-from tests.multirank import run_ranks
+from tests.multirank import REPO_ROOT, run_ranks
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs", "elastic_fit.py")
 EXACT = {"TNT_EXACT_VIRTUAL_BATCHES": "2"}
@@ -34,20 +34,29 @@ def _exact_reference(data: str, env: tuple = tuple(EXACT.items())) -> dict:
     return _lines(_run(1, "--data", data, launcher_args=EXACT_ARGS, env=dict(env)).check(), "RESULT")[0]
 
 
+@functools.lru_cache(maxsize=None)
+def _tolerance_reference() -> dict:
+    """The uninterrupted 2-rank run in tolerance mode, for the tests that compare within float rounding."""
+    return _lines(_run(2).check(), "RESULT")[0]
+
+
 def _commit_dirs() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith("tnt-elastic-")}
 
 
 @pytest.mark.multirank
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("data, fault", [("dataset", "1:1:11:kill"),        # mid-epoch
-                                         ("arrays", "1:0:17:kill"),         # the master, at an epoch's start
-                                         ("repeat", "1:1:19:kill"),         # steps_per_epoch, epoch 3
-                                         ("dataset", "1:0:9:commitkill")])  # in the middle of its commit
-def test_a_lost_rank_leaves_the_weights_of_the_uninterrupted_run_bit_for_bit(data, fault):
+@pytest.mark.parametrize("data, fault, shard", [
+    ("dataset", "1:1:11:kill", None),               # mid-epoch
+    ("arrays", "1:0:17:kill", None),                # the master, at an epoch's start
+    ("repeat", "1:1:19:kill", None),                # steps_per_epoch, epoch 3
+    ("dataset", "1:0:9:commitkill", None),          # in the middle of its commit
+    ("dataset", "1:1:9:commitkill", "optimizer")])  # ZeRO stage 1, in the middle of its commit of its own share
+def test_a_lost_rank_leaves_the_weights_of_the_uninterrupted_run_bit_for_bit(data, fault, shard):
     before = _commit_dirs()
     expected = _exact_reference(data)
-    resized = _run(2, "--data", data, "--fault", fault, launcher_args=["--elastic", *EXACT_ARGS], env=EXACT).check()
+    resized = _run(2, "--data", data, "--fault", fault, *(["--shard", shard] if shard else []),
+                   launcher_args=["--elastic", *EXACT_ARGS], env=EXACT).check()
     [result] = _lines(resized, "RESULT")
     [fault_line], [resumed] = _lines(resized, "FAULT"), _lines(resized, "RESUMED")
     assert result["generation"] == 2 and result["size"] == 1, resized.describe()
@@ -100,11 +109,10 @@ def test_four_then_three_then_four_ranks_train_the_uninterrupted_weights_bit_for
 @pytest.mark.timeout(300)
 def test_two_losses_in_a_row_train_as_the_uninterrupted_run(tmp_path):
     """3 -> 2 -> 1 ranks; the timeline holds every generation and shows the resizes between them."""
-    reference = _run(2).check()
     trace_path = tmp_path / "trace.json"
     resized = _run(3, "--fault", "1:2:5:kill", "--fault", "2:1:13:kill",
                    launcher_args=["--elastic", "--timeline", str(trace_path)]).check()
-    expected, [result] = _lines(reference, "RESULT")[0], _lines(resized, "RESULT")
+    expected, [result] = _tolerance_reference(), _lines(resized, "RESULT")
     assert result["generation"] == 3 and result["size"] == 1, resized.describe()
     assert len(re.findall(r"tarantella: elastic: lost rank", resized.stderr)) == 2
     for mine, theirs in zip(result["weights"], expected["weights"]):
@@ -120,6 +128,22 @@ def test_two_losses_in_a_row_train_as_the_uninterrupted_run(tmp_path):
     # Generation 1 trained before the resize, on the common time axis.
     assert any(span["pid"] == 2 and span["ts"] < first_resize["ts"] + first_resize["dur"] for span in steps)
     assert len(trace_file.spans(trace, names.ELASTIC_COMMIT)) >= 24
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+def test_a_master_lost_with_its_sharded_weights_leaves_its_share_to_the_survivor():
+    """ZeRO stage 3 (shard="weights"): each rank commits its own weights and optimizer slots beside the replicated
+    rest (Note [A commit by name]); the master is killed at step 13 and the survivor, alone, takes its share from
+    the commit. Tolerance mode (exact mode does not run stage 3): the uninterrupted run's weights within float
+    rounding."""
+    resized = _run(2, "--shard", "weights", "--fault", "1:0:13:kill", launcher_args=["--elastic"]).check()
+    expected, [result] = _tolerance_reference(), _lines(resized, "RESULT")
+    assert (result["generation"], result["size"], result["steps"]) == (2, 1, 24), resized.describe()
+    assert re.search(r"go on from the commit of epoch 2, batch 4 \(step 12, made by 2 ranks\)", resized.stdout), \
+        resized.describe()
+    for mine, theirs in zip(result["weights"], expected["weights"]):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.multirank
@@ -147,6 +171,12 @@ def test_below_min_ranks_and_failing_programs_end_the_job():
     unsupported = _run(1, "--data", "steps", launcher_args=["--elastic"])
     assert unsupported.returncode == 1 and "ValueError: tarantella --elastic: fit(steps_per_epoch=...) is supported " \
         "for a dataset that repeats forever" in unsupported.stderr, unsupported.describe()
+    pipelined = run_ranks(2, os.path.join(REPO_ROOT, "tests", "pipeline", "programs", "fail_in_step.py"),
+                          args=["before_send", "first", "--stages", "2"], launcher_args=["--elastic"],
+                          env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=150)
+    assert pipelined.returncode == 1 and "ValueError: tarantella --elastic: a pipelined model (SplitLayer, more " \
+        "than one rank) is not committed yet" in pipelined.stderr, pipelined.describe()
+    assert "generation 2" not in pipelined.stderr and "OK trained step" not in pipelined.stdout
     assert _commit_dirs() == before
 
 

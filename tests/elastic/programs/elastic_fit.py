@@ -1,6 +1,6 @@
 """tnt.Model.fit under `tarantella --elastic`, with faults the program makes itself.
 
-    elastic_fit.py [--data arrays|dataset] [--fault GEN:RANK:STEP:HOW ...]
+    elastic_fit.py [--data arrays|dataset] [--fault GEN:RANK:STEP:HOW ...] [--shard MODE]
 
 A model with BatchNormalization and Dropout (state the step changes beside the weights) trains 3 epochs of 8
 global batches of 16 on a seeded input, reshuffled every epoch. --fault 1:1:11:kill makes rank 1 of
@@ -9,8 +9,8 @@ generation 1 act when the optimizer has done 11 steps (epoch 2, batch 3): HOW is
 STATE/paused-GEN and waits for STATE/go-GEN: the harness makes a fault meanwhile, such as a link cut) or hosts
 (puts HOSTFILE.next in place of the job's HOSTFILE, given with --hostfile, and goes on once the launcher asked
 the ranks to leave for a resize);
-commitkill kills the rank in its host's commit of that step, after the files are written and before they are
-renamed into place. Printed: `FAULT {...}` by the
+commitkill kills the rank in its commit of that step, after the files are written and before they are
+renamed into place (a rank that writes no part of the commit is not killed). Printed: `FAULT {...}` by the
 faulty rank (with the time), `RESUMED {...}` by rank 0 of a later generation after its first trained step (with the
 commit's step),
 and at the end `RESULT {...}` by rank 0: the weights, their sha256, the generation and the world size.
@@ -37,6 +37,8 @@ parser.add_argument("--data", choices=["arrays", "dataset", "repeat", "steps"], 
 parser.add_argument("--fault", action="append", default=[])
 parser.add_argument("--state", default=None, help="a directory shared with the harness (pause faults)")
 parser.add_argument("--hostfile", default=None, help="the job's hostfile (hosts faults)")
+parser.add_argument("--shard", default=None, choices=["optimizer", "gradients", "weights"],
+                    help="tnt.Model's shard= (each rank commits its own share)")
 args = parser.parse_args()
 GENERATION = int(os.environ.get("TNT_ELASTIC_GENERATION", "1"))
 RANK = tnt.get_rank()
@@ -46,17 +48,20 @@ for spec in args.fault:
     FAULTS[(int(generation), int(rank))] = (int(step), how)
 
 
-# A later generation: the commit's step (batches of it before are read and dropped). Not an attribute of the
-# callback: an elastic job commits its callbacks' attributes, and this one is this process's own.
+# A later generation: the commit's step, the optimizer's count as the first batch begins (the resumed epoch's
+# batches before it are read and dropped, the count unmoved). Not an attribute of the callback: an elastic job
+# commits its callbacks' attributes, and this one is this process's own.
 FROM_STEP = []
 
 
 class Faults(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        if GENERATION > 1 and RANK == 0 and not FROM_STEP:
+            FROM_STEP.append(int(self.model.optimizer.iterations.numpy()))
+
     def on_train_batch_end(self, batch, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
-        if GENERATION > 1 and RANK == 0 and not FROM_STEP:
-            FROM_STEP.append(step)
-        elif FROM_STEP and step == FROM_STEP[0] + 1:   # the first step this generation trained
+        if FROM_STEP and step == FROM_STEP[0] + 1:   # the first step this generation trained
             print("RESUMED " + json.dumps({"from_step": FROM_STEP[0], "time": time.time(),
                                            "size": tnt.get_size()}), flush=True)
         fault = FAULTS.get((GENERATION, RANK))
@@ -99,7 +104,7 @@ if any(how == "commitkill" for _, how in FAULTS.values()):
 keras.utils.set_random_seed(7)
 model = tnt.Model(keras.Sequential([
     keras.Input((6,)), keras.layers.Dense(12, use_bias=False), keras.layers.BatchNormalization(),
-    keras.layers.Activation("relu"), keras.layers.Dropout(0.3), keras.layers.Dense(1)]))
+    keras.layers.Activation("relu"), keras.layers.Dropout(0.3), keras.layers.Dense(1)]), shard=args.shard)
 model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
 rng = np.random.default_rng(3)
 x = rng.normal(size=(128, 6)).astype(np.float32)
