@@ -14,12 +14,13 @@ import time
 
 import numpy as np
 
-from tarantella import channels, collectives, runtime, timeline
+from tarantella import channels, collectives, runtime, stage_state, timeline
 from tarantella.elastic import (COMMIT_EVERY_VARIABLE, GENERATION_VARIABLE, RESIZE_EXIT_CODE, RESIZE_SIGNAL_NAME,
                                 commit_store)
 from tarantella.timeline import session as timeline_session
 
-__all__ = ["ResizeRequest", "resize_request", "leave_for_resize", "Writer", "commit_every", "NamedState"]
+__all__ = ["ResizeRequest", "resize_request", "leave_for_resize", "Writer", "commit_every", "NamedState",
+           "held_by_name"]
 
 
 class ResizeRequest:
@@ -286,6 +287,19 @@ class NamedState:
         """Sets the held variables to the restored values."""
         for name, variable in self.held.items():
             variable.assign(values[name])
+
+
+def held_by_name(model_variables: list, optimizers: dict, extra: list = ()) -> dict:
+    """{name: variable} with storage on this rank (Note [A commit by name]): "v<i>" the model's variables, then
+    "<key>/<slot>" the state of each optimizer of `optimizers` {key: optimizer} (slots named by the model's
+    variables they belong to), then "x<i>" any `extra` variable not among those."""
+    named = {f"v{i}": variable for i, variable in enumerate(model_variables)}
+    for key, optimizer in optimizers.items():
+        named.update({f"{key}/{name}": variable for name, variable in
+                      stage_state.optimizer_state_by_name(optimizer, model_variables).items()})
+    seen = {id(variable) for variable in named.values()}
+    named.update({f"x{i}": variable for i, variable in enumerate(extra) if id(variable) not in seen})
+    return {name: variable for name, variable in named.items() if not stage_state.is_released(variable)}
 
 
 def leave_for_resize(writer: Writer, step: int) -> None:

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tarantella import collectives, runtime, stage_state
+from tarantella import collectives, runtime
 from tarantella.data import distributed_dataset, resume_position
 from tarantella.elastic import callback_state, commit_store, committing
 from tarantella.timeline import session as timeline_session
@@ -187,11 +187,8 @@ def _held_by_name(model) -> dict:
     """{name: variable} of the state this rank holds (Note [A commit by name]): the wrapped model's variables and
     the optimizers' state, those with storage here (a sharded rank's own share)."""
     wrapped = getattr(model, "wrapped_model", model)
-    named = {f"v{i}": variable for i, variable in enumerate(wrapped.variables)}
-    for attribute, optimizer in _optimizers_by_attribute(model, wrapped).items():
-        for name, variable in stage_state.optimizer_state_by_name(optimizer, wrapped.variables).items():
-            named[f"o:{attribute}/{name}"] = variable
-    return {name: variable for name, variable in named.items() if not stage_state.is_released(variable)}
+    return committing.held_by_name(wrapped.variables, {f"o:{attribute}": optimizer for attribute, optimizer
+                                                       in _optimizers_by_attribute(model, wrapped).items()})
 
 
 def _optimizers_by_attribute(model, wrapped) -> dict:

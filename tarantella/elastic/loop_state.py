@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from tarantella import runtime, stage_state
+from tarantella import runtime
 from tarantella.elastic import commit_store, committing
 from tarantella.timeline import session as timeline_session
 
@@ -60,15 +60,9 @@ class State:
         """Collective the first time, once the model and optimizer are built: their variables by name, those with
         storage on this rank (Note [A commit by name]; a sharded optimizer's slots by their variables)."""
         if self._state is None:
-            model_variables = list(getattr(self._model, "variables", []))
-            named = {f"v{i}": variable for i, variable in enumerate(model_variables)}
-            if self._optimizer is not None:
-                named.update({f"o/{name}": variable for name, variable in
-                              stage_state.optimizer_state_by_name(self._optimizer, model_variables).items()})
-            seen = {id(variable) for variable in named.values()}
-            named.update({f"x{i}": variable for i, variable in enumerate(self._extra) if id(variable) not in seen})
-            self._state = committing.NamedState({name: variable for name, variable in named.items()
-                                                 if not stage_state.is_released(variable)})
+            optimizers = {"o": self._optimizer} if self._optimizer is not None else {}
+            self._state = committing.NamedState(committing.held_by_name(list(getattr(self._model, "variables", [])),
+                                                                        optimizers, self._extra))
         return self._state
 
     def commit(self) -> None:
