@@ -1,6 +1,7 @@
 """A rank program for bench.elastic.commit_cost: tnt.Model.fit of an MLP (4 x Dense(2048), Adam), batch 256,
 timing every step from one step's begin to the next's, so that the callbacks that run after a step (an elastic
-job's commit) count; prints `STEPS [seconds, ...]` (after 3 warm-up steps) on rank 0."""
+job's commit) count; prints `STEPS [seconds, ...]` (after 3 warm-up steps) on rank 0. --shard MODE: tnt.Model's
+shard= (the commits of a sharded model: each rank's share, and its copy on the next host)."""
 import argparse
 import json
 import os
@@ -14,6 +15,7 @@ import tarantella as tnt  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=30)
+parser.add_argument("--shard", default=None, choices=["optimizer", "gradients", "weights"])
 args = parser.parse_args()
 
 
@@ -31,7 +33,7 @@ class StepTimes(keras.callbacks.Callback):
 
 keras.utils.set_random_seed(1)
 model = tnt.Model(keras.Sequential([keras.Input((2048,))] + [keras.layers.Dense(2048, "relu") for _ in range(3)]
-                                   + [keras.layers.Dense(2048)]))
+                                   + [keras.layers.Dense(2048)]), shard=args.shard)
 model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
 x = np.random.default_rng(0).random((256 * (args.steps + 4), 2048), dtype=np.float32)
 timer = StepTimes()

@@ -188,18 +188,20 @@ def _generation_plan(plan: LaunchPlan, placement: list[tuple[str, int]] | None, 
     nranks = sum(count for _, count in placement)
     rank_env["TNT_WORLD_SIZE"] = str(nranks)
     most = max(count for _, count in placement)
-    return dataclasses.replace(plan, nranks=nranks, hosts=tuple(placement) if plan.hosts else (),
+    # Inside a Slurm allocation the next generation names its hosts too: the MPI would otherwise place it on
+    # the allocation's nodes as the job started with them (SLURM_JOB_NODELIST), a lost one included.
+    return dataclasses.replace(plan, nranks=nranks, hosts=tuple(placement) if plan.hosts or plan.in_slurm else (),
                                ranks_per_host=most if plan.ranks_per_host is not None else None,
                                rank_env=rank_env)
 
 
-def _remove_commits(plan: LaunchPlan, launcher, local_host, commit_dir: str) -> None:
+def _remove_commits(plan: LaunchPlan, hosts: list[str], launcher, local_host, commit_dir: str) -> None:
     """The commits are not needed once the job ended: removed on this host, and on the last generation's other
-    hosts by a job of one `rm` per host (a lost host keeps its copy: nothing reaches it)."""
+    `hosts` by a job of one `rm` per host (a lost host keeps its copy: nothing reaches it)."""
     shutil.rmtree(commit_dir, ignore_errors=True)
-    if not plan.hosts:
+    if not hosts or (not plan.hosts and len(hosts) == 1):   # one host (this one, or Slurm's one node)
         return
-    cleaner = dataclasses.replace(plan, nranks=len(plan.hosts), hosts=tuple((host, 1) for host, _ in plan.hosts),
+    cleaner = dataclasses.replace(plan, nranks=len(hosts), hosts=tuple((host, 1) for host in hosts),
                                   ranks_per_host=1, program=("rm", "-rf", commit_dir), pin_prefixes=(),
                                   output_all=False, errors_all=False)
     run_generation(build_command(cleaner, launcher, local_host), grace_seconds=2.0)
@@ -221,7 +223,9 @@ def _probe(plan: LaunchPlan, launcher, local_host, directory: str, generation: i
                              grace_seconds=1.0, quiet=True)
         if not _started_none(end):
             break
-    return {hosts[rank] for rank in end.started}, end.records
+    # The probe's own ranks' records say "finished"; a rank of the generation keeps only a failed or stopped one.
+    return {hosts[rank] for rank in end.started}, [record for record in end.records
+                                                   if record.get("cause") != "finished"]
 
 
 def _started_none(end: JobEnd) -> bool:
@@ -278,6 +282,7 @@ def run_elastic(plan: LaunchPlan, launcher, local_host, *, min_ranks: int, max_r
     if commit_every is not None:
         plan = dataclasses.replace(plan, rank_env={**plan.rank_env, COMMIT_EVERY_VARIABLE: str(commit_every)})
     generation, current = 1, _generation_plan(plan, None, 1, directory)
+    ran_on = [host for host, _ in current.hosts]   # the hosts of the last generation, whose commits are removed
     watch = _HostWatch(source, interval, source.hosts())
     attempt = 1
     try:
@@ -289,6 +294,7 @@ def run_elastic(plan: LaunchPlan, launcher, local_host, *, min_ranks: int, max_r
                                  then="ending this generation of the elastic job", poll=watch.poll,
                                  grace_seconds=_GRACE_SECONDS)
             ended_at = time.monotonic()
+            ran_on = [host for host, _ in _placement(current, end.started) if host != "?"]
             if generation > 1 and attempt < _START_ATTEMPTS and _started_none(end) and not end.interrupted:
                 attempt += 1
                 print(f"tarantella: elastic: generation {generation} started no rank "
@@ -297,15 +303,18 @@ def run_elastic(plan: LaunchPlan, launcher, local_host, *, min_ranks: int, max_r
                 continue
             attempt = 1
             # No rank failed, yet the job did not succeed: the MPI may have ended it on losing a host's daemon
-            # before any rank timed out; find_loss asks which hosts are gone.
-            if end.launch_failure or end.interrupted or (end.first is None and end.returncode == 0):
+            # before any rank timed out, or exited 0 after Slurm removed a node (its ranks sent no end);
+            # find_loss asks which hosts are gone.
+            if end.launch_failure or end.interrupted or (end.first is None and end.returncode == 0
+                                                         and not end.unreported):
                 return end.report()
             if resized(end) and watch.wanted is not None:
                 placement, why = capped(watch.wanted, max_ranks), "the job's hosts changed"
                 watch.wanted = None
             else:
                 loss = find_loss(end, current, (lambda hosts: _probe(current, launcher, local_host, directory,
-                                                                     generation, hosts)) if current.hosts else None)
+                                                                     generation, hosts))
+                                 if current.hosts or current.in_slurm else None)
                 if loss is None:
                     return end.report()
                 placement, why = survivors(current, end, loss), f"lost {_describe(loss, current, end)}"
@@ -322,4 +331,4 @@ def run_elastic(plan: LaunchPlan, launcher, local_host, *, min_ranks: int, max_r
                   f"{hosts} from the last commit ({time.monotonic() - ended_at:.1f} s after the old one ended)",
                   file=sys.stderr, flush=True)
     finally:
-        _remove_commits(current, launcher, local_host, directory)
+        _remove_commits(current, ran_on, launcher, local_host, directory)

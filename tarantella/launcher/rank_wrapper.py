@@ -43,10 +43,15 @@ Note [Exit records]
   travels the way all rank output travels (mpirun, srun and MPICH's hydra all
   forward stderr to the launcher), so it needs no shared
   file system between hosts. It is written in a single write, after the program's
-  own output, and only when the program ended with a non-zero code or a signal.
-  cause is "failed" when the program ended on its own, and "stopped" when it ended
-  after this wrapper forwarded it a terminating signal (the MPI stopping the job
-  because another rank failed, or the user pressing Ctrl-C) or lost its parent.
+  own output. cause is "failed" when the program ended with a non-zero code or a
+  signal on its own, "stopped" when it ended so after this wrapper forwarded it a
+  terminating signal (the MPI stopping the job because another rank failed, or the
+  user pressing Ctrl-C) or lost its parent, and "finished" when it exited with 0
+  (rank, size, local_rank, host, pid, exit_code, end_time only). The finished
+  records tell a job whose every rank ended from one whose mpirun exited 0 after
+  its ranks were killed without a word: a node that Slurm removed from a
+  --no-kill job takes its daemon's step, and mpirun then ends the others and
+  exits 0 (supervisor.py, JobEnd.unreported).
 
 Note [Start records]
   The first thing a wrapper writes to its stderr is one line: START_RECORD_MARKER
@@ -485,18 +490,20 @@ def main(argv: list[str] | None = None) -> int:
     ended_at: list[float] = []  # when the program ended (wall clock, for the root cause)
 
     def finish(exit_code: int, signum: int | None, command: list[str]) -> int:
-        if exit_code != 0:
+        end_time = ended_at[0] if ended_at else time.time()
+        if exit_code == 0:
+            _write_all(2, encode_exit_record({**stop.identity, "exit_code": 0, "signal": None, "cause": "finished",
+                                              "end_time": end_time}))
+            if stop.stopped_since is not None:   # a stop it came back from
+                _keep_record(None, stop.identity)
+        else:
             cause = "stopped" if stop.stopping_signal is not None else "failed"
             text = b"".join(tail).decode("utf-8", "replace")[-STDERR_TAIL_CHARS:]
-            record = {"rank": me.rank, "size": me.size, "local_rank": me.local_rank,
-                      "host": host, "pid": os.getpid(), "exit_code": exit_code,
-                      "signal": signum, "cause": cause, "command": command,
+            record = {**stop.identity, "exit_code": exit_code, "signal": signum, "cause": cause, "command": command,
                       "stderr_tail": text, "stderr_shown": show_stderr, "stopped_for": round(stop.stopped_seconds(), 1),
-                      "end_time": ended_at[0] if ended_at else time.time()}
+                      "end_time": end_time}
             _write_all(2, encode_exit_record(record))
             _keep_record(record)
-        elif stop.stopped_since is not None:   # a stop it came back from
-            _keep_record(None, stop.identity)
         return exit_code
 
     try:

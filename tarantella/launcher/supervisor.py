@@ -1,10 +1,12 @@
 """Runs the job's command and watches its ranks; reports the first failure.
 
 How a failure is found and reported:
-  1. Every rank runs under rank_wrapper.py. When a rank's program ends with a
-     non-zero code or a signal, its wrapper writes one exit record line to stderr
-     (rank, host, exit code or signal, the tail of the program's stderr, and the
-     cause: "failed" on its own, or "stopped" by a signal from outside).
+  1. Every rank runs under rank_wrapper.py. When a rank's program ends, its wrapper
+     writes one exit record line to stderr (rank, host, exit code or signal, the
+     tail of the program's stderr, and the cause: "failed" on its own, "stopped" by
+     a signal from outside, or "finished" with 0). A job whose mpirun exits 0 while
+     a rank that started sent no record did not succeed: its ranks were killed
+     without a word (Note [Exit records]).
   2. The MPI forwards that line with the rest of the ranks' stderr to this
      process, which reads mpirun's stderr, takes the records out, and passes every
      other byte through unchanged. When the first record with cause "failed"
@@ -92,6 +94,11 @@ def root_cause(records: list[dict]) -> dict | None:
     if not failed:
         return None
     return min(failed, key=lambda record: record.get("end_time", float("inf")))
+
+
+def _listed(items: list) -> str:
+    more = f", ... ({len(items)} in all)" if len(items) > _LISTED else ""
+    return ", ".join(str(item) for item in items[:_LISTED]) + more
 
 
 def failure_report(first: dict, records: list[dict]) -> str:
@@ -357,6 +364,12 @@ class JobEnd:
     reported: bool = False          # mpirun could not even be started: the one line is printed already
 
     @property
+    def unreported(self) -> dict[int, str]:
+        """rank -> host of the ranks that started and sent no exit record (Note [Exit records])."""
+        ended = {record["rank"] for record in self.records}
+        return {rank: host for rank, host in self.started.items() if rank not in ended}
+
+    @property
     def first(self) -> dict | None:
         return root_cause(self.records) or next((r for r in self.records if r.get("cause") == "failed"), None)
 
@@ -377,6 +390,13 @@ class JobEnd:
         if self.interrupted:
             print(f"tarantella: stopped by {signal.Signals(self.interrupted[0]).name}", file=sys.stderr)
             return 128 + self.interrupted[0]
+        if self.returncode == 0 and self.unreported:
+            ranks = sorted(self.unreported)
+            hosts = sorted(set(self.unreported.values()))
+            print(f"tarantella: error: {self.command} exited with 0, but rank(s) {_listed(ranks)} on host(s) "
+                  f"{_listed(hosts)} never reported their end: the MPI or the batch system ended them (a node lost "
+                  f"or removed from the job?)", file=sys.stderr, flush=True)
+            return 1
         if self.returncode != 0:
             print(f"tarantella: error: the job ended with exit code {self.returncode} and no rank "
                   f"reported a failure of its program; the message above from {self.command} says why "

@@ -69,6 +69,7 @@ ReturnToService=2
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 KillWait=5
+SlurmdTimeout={slurmd_timeout}
 {nodes}
 PartitionName=tnt Nodes={node_names} Default=YES MaxTime=30 State=UP OverSubscribe=YES
 """
@@ -116,8 +117,9 @@ class SlurmCluster:
 
     def __init__(self, directory: str, controller: tuple[str, str],
                  nodes: list[tuple[str, str, list[str]]], cpus_per_node: int,
-                 adopt=None):
+                 adopt=None, slurmd_timeout: int = 300):
         self.dir = directory
+        self.slurmd_timeout = slurmd_timeout   # a node silent this long is DOWN (Slurm's default: 300 s)
         self.controller = controller
         self.nodes = nodes
         self.cpus_per_node = cpus_per_node
@@ -143,7 +145,8 @@ class SlurmCluster:
             handle.write(_CONFIG.format(
                 name=f"tnt{secrets.token_hex(4)}", ctld_name=self.controller[0],
                 ctld_address=self.controller[1], dir=self.dir, ctld_port=_free_port(),
-                slurmd_port=_free_port(), nodes=nodes, node_names=",".join(self.node_names)))
+                slurmd_port=_free_port(), nodes=nodes, node_names=",".join(self.node_names),
+                slurmd_timeout=self.slurmd_timeout))
         with open(os.path.join(self.dir, "cgroup.conf"), "w") as handle:
             handle.write(_CGROUP_CONFIG)
         _write_munge_key(os.path.join(self.dir, "munge.key"))
@@ -213,26 +216,37 @@ class SlurmCluster:
         """`sbatch ARGV` and wait for the job to end, as `sbatch --wait` does (returncode:
         the job's exit code, 128 + N if a signal N ended it), but looking every 0.3 s:
         sbatch --wait looks 2, 10 and 42 s after submitting, so a 15 s job took 42 s."""
-        submitted = self.run(["sbatch", "--parsable", *argv], timeout=30)
+        submitted = self.submit(argv)
         if submitted.returncode != 0:
             return submitted
-        job = submitted.stdout.strip().split(";")[0]
+        ended = self.wait(submitted.stdout.strip().split(";")[0], timeout)
+        return subprocess.CompletedProcess(argv, ended, submitted.stdout, submitted.stderr)
+
+    def submit(self, argv: list[str]) -> subprocess.CompletedProcess:
+        """`sbatch --parsable ARGV`: its stdout is the job's id."""
+        return self.run(["sbatch", "--parsable", *argv], timeout=30)
+
+    def wait(self, job: str, timeout: float) -> int:
+        """The job's exit code once it ended (see batch); cancelled and TimeoutExpired after `timeout` s."""
         deadline = time.monotonic() + timeout
         while True:
             ended = self._job_end(job)
             if ended is not None:
-                return subprocess.CompletedProcess(argv, ended, submitted.stdout,
-                                                   submitted.stderr)
+                return ended
             if time.monotonic() > deadline:
                 subprocess.run(["scancel", job], env=self.env, capture_output=True, timeout=20)
-                raise subprocess.TimeoutExpired(["sbatch", *argv], timeout)
+                raise subprocess.TimeoutExpired(["sbatch", job], timeout)
             time.sleep(0.3)
+
+    def job_fields(self, job: str) -> dict[str, str]:
+        """`scontrol show job`'s fields (NodeList, JobState, ExitCode, ...)."""
+        done = subprocess.run(["scontrol", "-o", "show", "job", job], env=self.env,
+                              capture_output=True, text=True, timeout=20)
+        return dict(word.split("=", 1) for word in done.stdout.split() if "=" in word)
 
     def _job_end(self, job: str) -> int | None:
         """The ended job's exit code, None while it is pending, running or completing."""
-        done = subprocess.run(["scontrol", "-o", "show", "job", job], env=self.env,
-                              capture_output=True, text=True, timeout=20)
-        fields = dict(word.split("=", 1) for word in done.stdout.split() if "=" in word)
+        fields = self.job_fields(job)
         if fields.get("JobState", "PENDING") in _UNFINISHED:
             return None
         code, _, signal_number = fields.get("ExitCode", "1:0").partition(":")
@@ -272,7 +286,8 @@ def one_node(directory: str) -> SlurmCluster:
                         nodes=[(node, "127.0.0.1", [])], cpus_per_node=os.cpu_count() or 1)
 
 
-def on_namespace_hosts(cluster, cpus_per_node: int | None = None) -> SlurmCluster:
+def on_namespace_hosts(cluster, cpus_per_node: int | None = None,
+                       slurmd_timeout: int = 300) -> SlurmCluster:
     """One Slurm node per host of a namespace cluster (Note [Slurm across namespace
     hosts]); its state lives in the cluster's directory and dies with it."""
     controller = (socket.gethostname().split(".")[0], cluster.bridge_address)
@@ -280,4 +295,5 @@ def on_namespace_hosts(cluster, cpus_per_node: int | None = None) -> SlurmCluste
     # Every host sees the machine's cores (they share them); declaring them all keeps
     # slurmd from reporting a configuration that differs from the hardware.
     return SlurmCluster(os.path.join(cluster.directory, "slurm"), controller, nodes,
-                        cpus_per_node or os.cpu_count() or 1, adopt=cluster.adopt)
+                        cpus_per_node or os.cpu_count() or 1, adopt=cluster.adopt,
+                        slurmd_timeout=slurmd_timeout)

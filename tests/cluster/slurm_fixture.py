@@ -62,7 +62,9 @@ def slurm_on_hosts():
         hosts = create(hosts=2, slots=1)
     except ClusterError as error:
         pytest.skip(f"no namespace cluster: {error}")
-    slurm = on_namespace_hosts(hosts)
+    # A node silent for 8 s is DOWN (Slurm's default: 300 s), so that a test sees Slurm remove a lost node
+    # from its job within the job (test_slurm_hosts.py, the elastic job that loses a node).
+    slurm = on_namespace_hosts(hosts, slurmd_timeout=8)
     slurm.hosts = hosts
     try:
         try:

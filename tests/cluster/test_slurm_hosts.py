@@ -2,9 +2,11 @@
 (tests/cluster/slurm_fixture.py `slurm_on_hosts`; Note [Slurm across namespace hosts]).
 A `sbatch -N 2 -n 2` job and a `salloc -N 2 -n 2` from the login node each form one
 2-rank world with one rank per host, train alike on both, and a failing rank ends
-the job naming its rank and host; nothing is left on the hosts afterwards."""
+the job naming its rank and host; nothing is left on the hosts afterwards. An elastic
+`sbatch --no-kill` job that loses a node goes on without it."""
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import time
@@ -13,6 +15,8 @@ import pytest
 
 from tests.cluster.results import rank_results
 from tests.cluster.slurm_fixture import slurm_on_hosts  # noqa: F401  (the fixture)
+from tests.cluster.test_elastic_hosts import EXACT, EXACT_ARGS, _exact_reference
+from tests.cluster.test_elastic_hosts import PROGRAM as ELASTIC_FIT
 from tests.cluster.test_slurm import FAIL_RANK_1, JOB_ENV, LAUNCHER, PROGRAM
 from tests.multirank import REPO_ROOT
 
@@ -116,3 +120,66 @@ def test_a_failing_rank_ends_the_two_node_job_naming_rank_and_host(slurm_on_host
     assert ("tarantella: error: rank 1 of 2 failed first: it exited with code 3 on host "
             f"{gave_up.group(1)}") in text, text
     assert _job_leftovers(slurm_on_hosts) == {}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(400)
+def test_an_elastic_no_kill_job_that_loses_a_node_goes_on_with_the_uninterrupted_weights(slurm_on_hosts,
+                                                                                          tmp_path):
+    """`sbatch --no-kill` and `tarantella --elastic` on two nodes: the second node's link is cut while the job
+    trains. The launcher drops its rank and goes on with one rank on the first node, named as the next
+    generation's host (the allocation's node list still holds the lost one); Slurm marks the node DOWN and
+    removes it from the job while that generation runs (its pause waits for it), and the job goes on. Last in
+    this file: the node is down until its link comes back. The weights: the uninterrupted 1-rank run's, bit for
+    bit (exact mode, tests/cluster/test_elastic_hosts.py)."""
+    hosts = slurm_on_hosts.hosts
+    lost = hosts.hosts[1]
+    expected = _exact_reference()
+    out = tmp_path / "job.out"
+    exports = " ".join(f"{name}={value}" for name, value in EXACT.items())
+    command = shlex.join([*LAUNCHER, "--elastic", "--timeout", "10", "--output-on-all-devices", *EXACT_ARGS, "--",
+                          ELASTIC_FIT, "--state", str(tmp_path), "--fault", "1:0:6:pause", "--fault",
+                          "2:0:10:pause"])
+    submitted = slurm_on_hosts.submit(["-N", "2", "-n", "2", "-c", "1", "--no-kill", "--time=5", "-o", str(out),
+                                       "--wrap", f"{JOB_ENV} export {exports} && {command}"])
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+
+    def text() -> str:
+        return out.read_text(errors="replace") if out.exists() else ""
+
+    def wait_for(path, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not path.exists() and time.monotonic() < deadline and slurm_on_hosts.job_fields(job).get(
+                "JobState") in ("PENDING", "RUNNING"):
+            time.sleep(0.2)
+        assert path.exists(), f"no {path.name}; the job: {slurm_on_hosts.job_fields(job)}\n{text()}"
+    try:
+        wait_for(tmp_path / "paused-1", 200)
+        hosts.cut_link(lost)
+        cut_at = time.time()
+        (tmp_path / "go-1").touch()
+        wait_for(tmp_path / "paused-2", 120)
+        deadline = time.monotonic() + 60
+        while not slurm_on_hosts.node_states().get(lost, "").startswith("down") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        states = slurm_on_hosts.node_states()
+        (tmp_path / "go-2").touch()
+        code = slurm_on_hosts.wait(job, 120)
+        fields = slurm_on_hosts.job_fields(job)
+    finally:
+        hosts.restore_link(lost)
+    described = f"exit {code}, job {fields}, nodes {states}\n{text()}"
+    assert states[lost].startswith("down"), described       # Slurm found the node gone while the job ran ...
+    assert code == 0 and fields["JobState"] == "COMPLETED", described
+    assert fields["NodeList"] == hosts.hosts[0], described   # ... and took it out of the job, which went on
+    assert re.search(rf"tarantella: elastic: lost rank 1 \(host {lost}\) sent nothing: its host or the host's "
+                     rf"network is gone; generation 2 goes on with 1 rank\(s\) on {hosts.hosts[0]}:1", text()), \
+        described
+    [result] = [json.loads(line.split("RESULT ", 1)[1]) for line in text().splitlines() if "RESULT " in line]
+    assert (result["generation"], result["size"]) == (2, 1), described
+    assert result["weights_sha256"] == expected["weights_sha256"], described
+    [resumed] = [json.loads(line.split("RESUMED ", 1)[1]) for line in text().splitlines() if "RESUMED " in line]
+    print(f"a node's link cut under Slurm: recovered {resumed['time'] - cut_at:.1f} s after the cut (timeout 10 s), "
+          f"from step {resumed['from_step']} (the cut was at step 6)")
+    assert not [entry for entry in hosts.shm_entries(hosts.hosts[0]) if entry.startswith("tnt-elastic-")]

@@ -10,7 +10,7 @@ import pytest
 from tarantella.launcher import main
 from tarantella.launcher.launch_check import LaunchProgress
 from tarantella.launcher.network import local_addresses
-from tarantella.launcher.rank_wrapper import encode_start_record
+from tarantella.launcher.rank_wrapper import encode_exit_record, encode_start_record
 from tarantella.launcher.supervisor import run_job
 
 from .dry_run import MPICH_LAUNCHER, OPENMPI_LAUNCHER, USER_HOST, dry_run, launcher_part
@@ -85,9 +85,12 @@ def test_mpich_refuses_a_subnet(capsys, script):
     assert code == 2 and "interface name" in err and err.count("\n") == 1
 
 
-def _fake_mpirun(started_ranks, then):
-    """A command that prints start records for some ranks, as ranks' wrappers would."""
+def _fake_mpirun(started_ranks, then, finished=()):
+    """A command that prints start records for some ranks, and the records of those `finished` (exit 0), as
+    ranks' wrappers would."""
     lines = b"".join(encode_start_record(rank, f"h{rank}") for rank in started_ranks)
+    lines += b"".join(encode_exit_record({"rank": rank, "host": f"h{rank}", "exit_code": 0, "signal": None,
+                                          "cause": "finished", "end_time": 1.0}) for rank in finished)
     return [sys.executable, "-c",
             f"import sys, time; print('held output'); sys.stdout.flush(); "
             f"sys.stderr.buffer.write({lines!r}); sys.stderr.write('Remote host: h1\\n'); "
@@ -117,7 +120,19 @@ def test_a_launch_that_hangs_is_stopped_after_the_launch_timeout(capfd):
 @pytest.mark.timeout(30)
 def test_output_held_during_the_launch_is_passed_on_once_all_started(capfd):
     progress = LaunchProgress(2, (("h0", 1), ("h1", 1)), None)
-    assert run_job(_fake_mpirun([0, 1], "print('after')"), launch=progress,
+    assert run_job(_fake_mpirun([0, 1], "print('after')", finished=[0, 1]), launch=progress,
                    launch_timeout=20) == 0
     out, err = capfd.readouterr()
     assert out == "held output\nafter\n" and err == "Remote host: h1\n"
+
+
+@pytest.mark.timeout(30)
+def test_an_mpirun_that_exits_0_after_a_rank_ended_without_a_word_is_a_failure(capfd):
+    """A node that Slurm removed from a --no-kill job: its daemon's step is killed, mpirun ends the other ranks
+    and exits 0 (Note [Exit records])."""
+    progress = LaunchProgress(2, (("h0", 1), ("h1", 1)), None)
+    assert run_job(_fake_mpirun([0, 1], "print('after')", finished=[0]), launch=progress, launch_timeout=20) == 1
+    err = capfd.readouterr().err.splitlines()
+    assert err[-1] == (f"tarantella: error: {sys.executable} exited with 0, but rank(s) 1 on host(s) h1 never "
+                       f"reported their end: the MPI or the batch system ended them (a node lost or removed from "
+                       f"the job?)"), err

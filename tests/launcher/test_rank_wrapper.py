@@ -58,14 +58,21 @@ def _wrap(program_code, rank, options=(), size=2):
            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(size)}
     done = subprocess.run([sys.executable, WRAPPER_PATH, *options, "--", sys.executable, "-c",
                            program_code], capture_output=True, text=True, env=env, timeout=60)
-    return _without_start_record(done, rank)
+    return _without_records(done, rank)
 
 
-def _without_start_record(done, rank):
-    """The wrapper's first stderr line announces the rank (Note [Start records])."""
+def _without_records(done, rank):
+    """The wrapper's first stderr line announces the rank (Note [Start records]); after a program that exited
+    with 0, its last line says so (Note [Exit records]). Both are taken out, checked."""
     first, _, rest = done.stderr.partition("\n")
     record = decode_start_record(first)
     assert record is not None and record["rank"] == rank and record["host"], done.stderr
+    if done.returncode == 0:
+        rest, last = rest[:-1].rpartition("\n")[0::2]
+        rest += "\n" if rest else ""
+        ended = decode_exit_record(last)
+        assert ended is not None and ended["cause"] == "finished" and ended["exit_code"] == 0, done.stderr
+        assert ended["rank"] == rank and ended["host"] == record["host"] and ended["end_time"] > 0, done.stderr
     done.stderr = rest
     return done
 
@@ -104,7 +111,7 @@ def test_a_killed_program_ends_the_wrapper_with_the_same_signal():
 def test_a_missing_program_is_reported():
     done = subprocess.run([sys.executable, WRAPPER_PATH, "--", "/nonexistent/program"],
                           capture_output=True, text=True, timeout=60)
-    done = _without_start_record(done, 0)
+    done = _without_records(done, 0)
     assert done.returncode == 127
     assert "cannot run '/nonexistent/program'" in done.stderr
     assert decode_exit_record(done.stderr.splitlines()[-1])["exit_code"] == 127
