@@ -66,6 +66,10 @@ _PEER_ERRORS = ("CollectiveTimeoutError", "GroupFailedError", "MpiError")
 # MPI_ERRORS_ARE_FATAL"), before the engine sees anything: that rank is a victim of the loss, not a culprit.
 _PEER_GONE_IN_MPI = re.compile(r"An error occurred in Socket closed|peer process has unexpectedly disconnected")
 _GRACE_SECONDS = 2.0
+# A generation's (or a probe's) mpirun that did not end by itself gets this long after SIGTERM before SIGKILL,
+# not a plain job's 2 s: what its ranks did is committed, and a probe has nothing to keep. Under Slurm, mpirun
+# waits on the srun of a lost node's daemon, and the two 2 s waits were 4 of a recovery's 27.5 s.
+_KILL_AFTER_SECONDS = 0.5
 _START_ATTEMPTS = 3
 
 
@@ -220,7 +224,7 @@ def _probe(plan: LaunchPlan, launcher, local_host, directory: str, generation: i
     for _ in range(_START_ATTEMPTS):
         progress = LaunchProgress(probe.nranks, probe.hosts, probe.launch_agent)
         end = run_generation(build_command(probe, launcher, local_host), launch=progress, launch_timeout=seconds,
-                             grace_seconds=1.0, quiet=True)
+                             grace_seconds=1.0, kill_after_seconds=_KILL_AFTER_SECONDS, quiet=True)
         if not _started_none(end):
             break
     # The probe's own ranks' records say "finished"; a rank of the generation keeps only a failed or stopped one.
@@ -292,7 +296,7 @@ def run_elastic(plan: LaunchPlan, launcher, local_host, *, min_ranks: int, max_r
             # A shorter grace than a plain job's: the MPI cannot end a generation that lost a host's daemon.
             end = run_generation(command, launch=progress, launch_timeout=launch_timeout, verbose=verbose,
                                  then="ending this generation of the elastic job", poll=watch.poll,
-                                 grace_seconds=_GRACE_SECONDS)
+                                 grace_seconds=_GRACE_SECONDS, kill_after_seconds=_KILL_AFTER_SECONDS)
             ended_at = time.monotonic()
             ran_on = [host for host, _ in _placement(current, end.started) if host != "?"]
             if generation > 1 and attempt < _START_ATTEMPTS and _started_none(end) and not end.interrupted:
