@@ -39,6 +39,7 @@ parser.add_argument("--state", default=None, help="a directory shared with the h
 parser.add_argument("--hostfile", default=None, help="the job's hostfile (hosts faults)")
 parser.add_argument("--shard", default=None, choices=["optimizer", "gradients", "weights"],
                     help="tnt.Model's shard= (each rank commits its own share)")
+parser.add_argument("--policy", default=None, help="a Keras dtype policy for the model, e.g. mixed_float16")
 args = parser.parse_args()
 GENERATION = int(os.environ.get("TNT_ELASTIC_GENERATION", "1"))
 RANK = tnt.get_rank()
@@ -102,6 +103,8 @@ if any(how == "commitkill" for _, how in FAULTS.values()):
     commit_store.write = write_then_die
 
 keras.utils.set_random_seed(7)
+if args.policy:
+    keras.mixed_precision.set_global_policy(args.policy)
 model = tnt.Model(keras.Sequential([
     keras.Input((6,)), keras.layers.Dense(12, use_bias=False), keras.layers.BatchNormalization(),
     keras.layers.Activation("relu"), keras.layers.Dropout(0.3), keras.layers.Dense(1)]), shard=args.shard)
