@@ -140,7 +140,7 @@ def test_an_elastic_no_kill_job_that_loses_a_node_goes_on_with_the_uninterrupted
     command = shlex.join([*LAUNCHER, "--elastic", "--timeout", "10", "--output-on-all-devices", *EXACT_ARGS, "--",
                           ELASTIC_FIT, "--state", str(tmp_path), "--fault", "1:0:6:pause", "--fault",
                           "2:0:10:pause"])
-    submitted = slurm_on_hosts.submit(["-N", "2", "-n", "2", "-c", "1", "--no-kill", "--time=5", "-o", str(out),
+    submitted = slurm_on_hosts.submit(["-N", "2", "-n", "2", "-c", "1", "--no-kill", "--time=10", "-o", str(out),
                                        "--wrap", f"{JOB_ENV} export {exports} && {command}"])
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
