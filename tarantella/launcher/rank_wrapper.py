@@ -47,7 +47,7 @@ Note [Exit records]
   signal on its own, "stopped" when it ended so after this wrapper forwarded it a
   terminating signal (the MPI stopping the job because another rank failed, or the
   user pressing Ctrl-C) or lost its parent, and "finished" when it exited with 0
-  (rank, size, local_rank, host, pid, exit_code, end_time only). The finished
+  (rank, size, local_rank, host, pid, exit_code 0, no signal, end_time). The finished
   records tell a job whose every rank ended from one whose mpirun exited 0 after
   its ranks were killed without a word: a node that Slurm removed from a
   --no-kill job takes its daemon's step, and mpirun then ends the others and

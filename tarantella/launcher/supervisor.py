@@ -97,8 +97,8 @@ def root_cause(records: list[dict]) -> dict | None:
 
 
 def _listed(items: list) -> str:
-    more = f", ... ({len(items)} in all)" if len(items) > _LISTED else ""
-    return ", ".join(str(item) for item in items[:_LISTED]) + more
+    """The first _LISTED items, and ", ..." when there are more."""
+    return ", ".join(str(item) for item in items[:_LISTED]) + (", ..." if len(items) > _LISTED else "")
 
 
 def failure_report(first: dict, records: list[dict]) -> str:
@@ -125,10 +125,8 @@ def failure_report(first: dict, records: list[dict]) -> str:
     if len(others_failed) > _LISTED:
         lines.append(f"  later      : {len(others_failed) - _LISTED} more rank(s) failed")
     if stopped:
-        listed = ", ".join(str(rank) for rank in stopped[:_LISTED])
-        more = ", ..." if len(stopped) > _LISTED else ""
         lines.append(f"  stopped    : {len(stopped)} rank(s) ended by the MPI or the launcher "
-                     f"after the failure ({listed}{more})")
+                     f"after the failure ({_listed(stopped)})")
     return "\n".join(lines)
 
 

@@ -6,7 +6,6 @@ the job naming its rank and host; nothing is left on the hosts afterwards. An el
 `sbatch --no-kill` job that loses a node goes on without it."""
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import time
@@ -15,7 +14,7 @@ import pytest
 
 from tests.cluster.results import rank_results
 from tests.cluster.slurm_fixture import slurm_on_hosts  # noqa: F401  (the fixture)
-from tests.cluster.test_elastic_hosts import EXACT, EXACT_ARGS, _exact_reference
+from tests.cluster.test_elastic_hosts import EXACT, EXACT_ARGS, _exact_reference, _lines
 from tests.cluster.test_elastic_hosts import PROGRAM as ELASTIC_FIT
 from tests.cluster.test_slurm import FAIL_RANK_1, JOB_ENV, LAUNCHER, PROGRAM
 from tests.multirank import REPO_ROOT
@@ -176,10 +175,10 @@ def test_an_elastic_no_kill_job_that_loses_a_node_goes_on_with_the_uninterrupted
     assert re.search(rf"tarantella: elastic: lost rank 1 \(host {lost}\) sent nothing: its host or the host's "
                      rf"network is gone; generation 2 goes on with 1 rank\(s\) on {hosts.hosts[0]}:1", text()), \
         described
-    [result] = [json.loads(line.split("RESULT ", 1)[1]) for line in text().splitlines() if "RESULT " in line]
+    [result] = _lines(text(), "RESULT")
     assert (result["generation"], result["size"]) == (2, 1), described
     assert result["weights_sha256"] == expected["weights_sha256"], described
-    [resumed] = [json.loads(line.split("RESUMED ", 1)[1]) for line in text().splitlines() if "RESUMED " in line]
+    [resumed] = _lines(text(), "RESUMED")
     print(f"a node's link cut under Slurm: recovered {resumed['time'] - cut_at:.1f} s after the cut (timeout 10 s), "
           f"from step {resumed['from_step']} (the cut was at step 6)")
     assert not [entry for entry in hosts.shm_entries(hosts.hosts[0]) if entry.startswith("tnt-elastic-")]
