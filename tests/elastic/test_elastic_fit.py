@@ -55,7 +55,9 @@ def _commit_dirs() -> set[str]:
     ("dataset", "1:0:9:commitkill", None, None),          # in the middle of its commit
     ("dataset", "1:1:9:commitkill", "optimizer", None),   # ZeRO stage 1, in the middle of its commit of its share
     # ZeRO stage 1 under mixed precision: the loss scale's state is committed with the optimizer's
-    ("dataset", "1:1:11:kill", "optimizer", "mixed_float16")])
+    ("dataset", "1:1:11:kill", "optimizer", "mixed_float16"),
+    # ZeRO stage 1 on numpy arrays in a dict without targets (the model adds its own loss)
+    ("dict", "1:1:11:kill", "optimizer", None)])
 def test_a_lost_rank_leaves_the_weights_of_the_uninterrupted_run_bit_for_bit(data, fault, shard, policy):
     before = _commit_dirs()
     expected = _exact_reference(data, policy=policy)

@@ -1,6 +1,6 @@
 """tnt.Model.fit under `tarantella --elastic`, with faults the program makes itself.
 
-    elastic_fit.py [--data arrays|dataset] [--fault GEN:RANK:STEP:HOW ...] [--shard MODE]
+    elastic_fit.py [--data arrays|dataset|repeat|steps|dict] [--fault GEN:RANK:STEP:HOW ...] [--shard MODE]
 
 A model with BatchNormalization and Dropout (state the step changes beside the weights) trains 3 epochs of 8
 global batches of 16 on a seeded input, reshuffled every epoch. --fault 1:1:11:kill makes rank 1 of
@@ -31,9 +31,10 @@ import tensorflow as tf  # noqa: E402
 import tarantella as tnt  # noqa: E402
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--data", choices=["arrays", "dataset", "repeat", "steps"], default="dataset",
+parser.add_argument("--data", choices=["arrays", "dataset", "repeat", "steps", "dict"], default="dataset",
                     help="repeat: the dataset repeated forever, fit with steps_per_epoch=8; steps: not repeated, "
-                         "with steps_per_epoch=4")
+                         "with steps_per_epoch=4; dict: numpy arrays in a dict and no targets (the target is one "
+                         "of the dict's entries, and the model adds its own loss)")
 parser.add_argument("--fault", action="append", default=[])
 parser.add_argument("--state", default=None, help="a directory shared with the harness (pause faults)")
 parser.add_argument("--hostfile", default=None, help="the job's hostfile (hosts faults)")
@@ -102,20 +103,45 @@ if any(how == "commitkill" for _, how in FAULTS.values()):
         return _write(root, arrays, meta)
     commit_store.write = write_then_die
 
+class SquaredError(keras.layers.Layer):
+    """The model's own loss, for inputs without targets: the target travels in the input dict."""
+
+    def call(self, prediction, target):
+        self.add_loss(keras.ops.mean(keras.ops.square(prediction - target)))
+        return prediction
+
+
+def layers():
+    return [keras.layers.Dense(12, use_bias=False), keras.layers.BatchNormalization(),
+            keras.layers.Activation("relu"), keras.layers.Dropout(0.3), keras.layers.Dense(1)]
+
+
+def dict_model():
+    """The same layers on two named inputs and the target as a third, the loss the model's own."""
+    a, b, target = keras.Input((3,), name="a"), keras.Input((3,), name="b"), keras.Input((1,), name="target")
+    hidden = keras.layers.Concatenate()([a, b])
+    for layer in layers():
+        hidden = layer(hidden)
+    return keras.Model({"a": a, "b": b, "target": target}, SquaredError()(hidden, target))
+
+
 keras.utils.set_random_seed(7)
 if args.policy:
     keras.mixed_precision.set_global_policy(args.policy)
-model = tnt.Model(keras.Sequential([
-    keras.Input((6,)), keras.layers.Dense(12, use_bias=False), keras.layers.BatchNormalization(),
-    keras.layers.Activation("relu"), keras.layers.Dropout(0.3), keras.layers.Dense(1)]), shard=args.shard)
-model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+if args.data == "dict":
+    model = tnt.Model(dict_model(), shard=args.shard)
+    model.compile(optimizer=keras.optimizers.Adam(0.01))
+else:
+    model = tnt.Model(keras.Sequential([keras.Input((6,)), *layers()]), shard=args.shard)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
 rng = np.random.default_rng(3)
 x = rng.normal(size=(128, 6)).astype(np.float32)
 y = (x[:, :1] * 2 - x[:, 1:2] + 0.1 * x[:, 2:3] ** 2).astype(np.float32)
 # Callbacks with state of their own, committed too: the patience count and best value; the learning rate they
 # change is the optimizer's.
 stopping = keras.callbacks.EarlyStopping(monitor="loss", patience=50, min_delta=1.0)
-plateau = keras.callbacks.ReduceLROnPlateau(monitor="mae", factor=0.5, patience=0, min_delta=0.3)
+plateau = keras.callbacks.ReduceLROnPlateau(monitor="loss" if args.data == "dict" else "mae", factor=0.5,
+                                            patience=0, min_delta=0.3)
 callbacks = [Faults(), stopping, plateau]
 if args.data in ("dataset", "repeat", "steps"):
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(128, seed=11, reshuffle_each_iteration=True).batch(16)
@@ -125,6 +151,9 @@ if args.data in ("dataset", "repeat", "steps"):
         history = model.fit(data, epochs=3, steps_per_epoch=4, verbose=0, callbacks=callbacks)
     else:
         history = model.fit(data, epochs=3, verbose=0, callbacks=callbacks)
+elif args.data == "dict":
+    history = model.fit({"a": x[:, :3], "b": x[:, 3:], "target": y}, batch_size=16, epochs=3, verbose=0,
+                        callbacks=callbacks)
 else:
     history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=callbacks)
 weights = model.get_weights()
