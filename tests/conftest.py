@@ -1,8 +1,35 @@
-"""Test-run-wide hooks: the tests of one shared launch run one after the other (Note [Shared launches] in
-tests/shared_launch.py)."""
+"""Test-run-wide hooks: the extended tier runs only when asked for (Note [The suite's two tiers]); the tests of
+one shared launch run one after the other (Note [Shared launches] in tests/shared_launch.py)."""
 import pytest
 
 from tests.shared_launch import MARKER
+
+
+# Note [The suite's two tiers]
+# On a 2-core machine without AVX-512 the whole suite took 1:55 h (results/test_suite/README.md, stop 54), and CI
+# allows 90 minutes. A test marked `extended` is one whose behaviour a default-tier test already shows on a
+# cheaper configuration: the same program at 4 ranks where 2 and 3 run by default (4 ranks on 2 cores cost
+# twice 2 ranks, and 3 already divides unevenly), a further fault or defect of a kind whose first case runs,
+# the across-hosts variant of a check that runs on one host. `pytest` runs the default tier (the README's
+# test command, CI's); `pytest --extended` runs both tiers; `-m extended` alone selects the extended tier.
+# Deselected, not skipped: pytest's summary counts them as "deselected", and a shared launch does not start
+# the rank counts that only extended tests read.
+
+
+def pytest_addoption(parser):
+    parser.addoption("--extended", action="store_true",
+                     help="also run the tests marked extended (Note [The suite's two tiers] in tests/conftest.py)")
+
+
+def _deselect_extended(config, items):
+    """Drop the extended tier unless --extended or a -m expression asks for it."""
+    if config.getoption("extended") or config.getoption("markexpr"):
+        return
+    extended = [item for item in items if item.get_closest_marker("extended") is not None]
+    if extended:
+        config.hook.pytest_deselected(items=extended)
+        kept = {id(item) for item in extended}
+        items[:] = [item for item in items if id(item) not in kept]
 
 
 def _launch_key(item):
@@ -24,6 +51,7 @@ def _launch_key(item):
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(session, config, items):
     yield   # after every other plugin has selected and ordered the items
+    _deselect_extended(config, items)
     keys = {id(item): _launch_key(item) for item in items}
     groups, wanted = {}, {}
     for item in items:

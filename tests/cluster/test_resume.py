@@ -16,6 +16,7 @@ ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.mark.multirank
+@pytest.mark.extended   # on one host: tests/keras/test_own_training_logic.py (tests/conftest.py: the tiers)
 @pytest.mark.timeout(600)
 def test_a_killed_two_host_job_resumes_to_the_uninterrupted_weights(netns_cluster, tmp_path):
     cluster = netns_cluster(hosts=2, slots=1)

@@ -26,6 +26,7 @@ def _namespaces() -> list[str]:
 
 
 @pytest.mark.multirank
+@pytest.mark.extended   # on one host: tests/bench/test_scaling_sweep.py (tests/conftest.py: the tiers)
 @pytest.mark.timeout(300)
 def test_scaling_sweep_runs_on_four_hosts_and_validates(tmp_path):
     reason = skip_reason()

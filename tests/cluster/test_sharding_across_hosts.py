@@ -14,6 +14,7 @@ ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "TNT_SHARD_SPREAD_K
 
 
 @pytest.mark.multirank
+@pytest.mark.extended   # one host: tests/keras/test_sharded_*.py (Note [The suite's two tiers] in tests/conftest.py)
 @pytest.mark.timeout(900)
 def test_sharded_training_across_hosts_spreads_variables_and_trains_as_unsharded(netns_cluster):
     cluster = netns_cluster(hosts=3, slots=1)

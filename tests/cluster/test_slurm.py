@@ -98,6 +98,7 @@ def test_srun_without_the_launcher_stops_instead_of_training_copies(slurm, tmp_p
 
 
 @pytest.mark.multirank
+@pytest.mark.extended   # under Slurm on two nodes: tests/cluster/test_slurm_hosts.py (tests/conftest.py: the tiers)
 @pytest.mark.timeout(200)
 def test_an_elastic_sbatch_job_goes_on_without_a_killed_rank(slurm, tmp_path):
     """`tarantella --elastic` in an sbatch job: its generations run inside the allocation; a rank killed

@@ -10,7 +10,7 @@ FORMS = 19  # entries of the program's FORMS
 
 
 @TRAINING.test("step_structure")
-@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("n", [1, 2, pytest.param(3, marks=pytest.mark.extended)])   # tests/conftest.py's tiers
 def test_own_steps_receive_what_serial_keras_hands_them(n):
     run = TRAINING.run("step_structure", n).check()
     for rank in range(n):

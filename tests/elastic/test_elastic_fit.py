@@ -46,16 +46,20 @@ def _commit_dirs() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith("tnt-elastic-")}
 
 
+EXTENDED = pytest.mark.extended
+
+
 @pytest.mark.multirank
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("data, fault, shard, policy", [
     ("dataset", "1:1:11:kill", None, None),               # mid-epoch
-    ("arrays", "1:0:17:kill", None, None),                # the master, at an epoch's start
-    ("repeat", "1:1:19:kill", None, None),                # steps_per_epoch, epoch 3
-    ("dataset", "1:0:9:commitkill", None, None),          # in the middle of its commit
+    # EXTENDED: the extended tier (Note [The suite's two tiers] in tests/conftest.py), other inputs and moments
+    pytest.param("arrays", "1:0:17:kill", None, None, marks=EXTENDED),         # the master, at an epoch's start
+    pytest.param("repeat", "1:1:19:kill", None, None, marks=EXTENDED),         # steps_per_epoch, epoch 3
+    pytest.param("dataset", "1:0:9:commitkill", None, None, marks=EXTENDED),   # in the middle of its commit
     ("dataset", "1:1:9:commitkill", "optimizer", None),   # ZeRO stage 1, in the middle of its commit of its share
     # ZeRO stage 1 under mixed precision: the loss scale's state is committed with the optimizer's
-    ("dataset", "1:1:11:kill", "optimizer", "mixed_float16"),
+    pytest.param("dataset", "1:1:11:kill", "optimizer", "mixed_float16", marks=EXTENDED),
     # ZeRO stage 1 on numpy arrays in a dict without targets (the model adds its own loss)
     ("dict", "1:1:11:kill", "optimizer", None)])
 def test_a_lost_rank_leaves_the_weights_of_the_uninterrupted_run_bit_for_bit(data, fault, shard, policy):
@@ -114,6 +118,7 @@ def test_four_then_three_then_four_ranks_train_the_uninterrupted_weights_bit_for
 
 
 @pytest.mark.multirank
+@pytest.mark.extended   # two losses in a row across hosts: tests/cluster/test_elastic_hosts.py
 @pytest.mark.timeout(300)
 def test_two_losses_in_a_row_train_as_the_uninterrupted_run(tmp_path):
     """3 -> 2 -> 1 ranks; the timeline holds every generation and shows the resizes between them."""

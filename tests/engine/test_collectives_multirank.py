@@ -11,7 +11,7 @@ PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "check_collectives
 
 @pytest.mark.multirank
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+@pytest.mark.parametrize("ranks", [1, 2, *(pytest.param(n, marks=pytest.mark.extended) for n in (3, 4))])
 def test_collectives_match_numpy_and_agree_bitwise(ranks):
     # Quiet, this takes 15-70 s; 3 and 4 ranks share 2 cores, so allow for a busy machine.
     result = run_ranks(ranks, PROGRAM, timeout=200 * ranks).check()

@@ -15,7 +15,7 @@ CHECKS = ["count mismatch via shared_memory", "count mismatch via ring", "count 
 
 @pytest.mark.multirank
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [2, pytest.param(3, marks=pytest.mark.extended)])   # tests/conftest.py's tiers
 def test_errors_reach_every_rank_and_timeouts_name_the_missing_rank(ranks):
     result = run_ranks(ranks, PROGRAM, timeout=100, env={"TNT_TIMEOUT_SECONDS": "3"})
     assert result.returncode == 7, result.describe()

@@ -28,7 +28,7 @@ def results(run, n):
 
 
 @TRAINING.test("fit_matches_serial")
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [1, 2, 3, pytest.param(4, marks=pytest.mark.extended)])
 def test_fit_evaluate_predict_match_serial_keras(n):
     run = TRAINING.run("fit_matches_serial", n).check()
     found = results(run, n)

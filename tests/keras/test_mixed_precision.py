@@ -11,7 +11,7 @@ CHECKS = ["the loss scale and the skipped steps are serial's, step for step",
 
 
 @TRAINING.test("loss_scale")
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.extended)])
 def test_loss_scale_decisions_are_serials_on_every_rank(ranks):
     result = TRAINING.run("loss_scale", ranks).check()
     result.assert_printed(CHECKS, range(ranks))

@@ -93,9 +93,11 @@ def test_custom_loop_example_matches_serial(n):
 
 @pytest.mark.multirank
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("n, shard, own_step", [(1, "off", False), (2, "off", False), (3, "optimizer", False),
-                                                (2, "gradients", False), (2, "weights", False),
-                                                (2, "gradients", True), (2, "weights", True)])
+@pytest.mark.parametrize("n, shard, own_step", [(2, "off", False), (3, "optimizer", False), (2, "weights", False),
+                                                (2, "gradients", True),
+                                                # the extended tier: Note [The suite's two tiers] in tests/conftest.py
+                                                *(pytest.param(*case, marks=pytest.mark.extended) for case in
+                                                  [(1, "off", False), (2, "gradients", False), (2, "weights", True)])])
 def test_backup_and_restore_resume_is_bitwise_equal(n, shard, own_step, tmp_path):
     """The same command twice: the first run is killed (os._exit on every rank) in epoch 3, the second
     resumes from the master's backup and must end with the uninterrupted run's weights, bit for bit; also with

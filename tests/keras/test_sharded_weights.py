@@ -35,7 +35,9 @@ def assert_trained_as_unsharded(result, ranks: int) -> None:
 
 
 @TRAINING.test("sharded_weights")
-@pytest.mark.parametrize("ranks", [1, 2, 4])   # 3 ranks: across hosts, tests/cluster/test_sharding_across_hosts.py
+# 3 ranks: across hosts, tests/cluster/test_sharding_across_hosts.py. 1 and 4 ranks and that test: the extended
+# tier (Note [The suite's two tiers] in tests/conftest.py)
+@pytest.mark.parametrize("ranks", [2, *(pytest.param(n, marks=pytest.mark.extended) for n in (1, 4))])
 def test_sharded_weights_train_as_unsharded(ranks):
     assert_trained_as_unsharded(TRAINING.run("sharded_weights", ranks).check(), ranks)
 

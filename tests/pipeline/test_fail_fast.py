@@ -20,21 +20,30 @@ SCENARIOS = [
     # ranks, program arguments, failing rank, the stage its message names (None: data parallelism)
     (2, ["before_send", "first"], 0, "pipeline stage 0 of 2"),
     (2, ["between_send_and_receive", "last", "--schedule", "gpipe"], 1, "pipeline stage 1 of 2"),
-    (2, ["weight_pass", "first", "--schedule", "gpipe"], 0, "pipeline stage 0 of 2"),
     (2, ["optimizer_update", "last"], 1, "pipeline stage 1 of 2"),
-    (2, ["pass_clock", "first"], 0, "pipeline stage 0 of 2"),
     (2, ["data_parallel_backward", "first"], 1, None),
+    (4, ["optimizer_update", "first", "--replicas", "2"], 2, "pipeline stage 0 of 2, replica 1 of 2"),
+]
+# More stages and replicas, the extended tier (Note [The suite's two tiers] in tests/conftest.py)
+EXTENDED = [
+    (2, ["weight_pass", "first", "--schedule", "gpipe"], 0, "pipeline stage 0 of 2"),
+    (2, ["pass_clock", "first"], 0, "pipeline stage 0 of 2"),
     (4, ["between_send_and_receive", "middle", "--stages", "4"], 2, "pipeline stage 2 of 4"),
     (4, ["before_send", "last", "--stages", "4", "--schedule", "gpipe"], 3, "pipeline stage 3 of 4"),
-    (4, ["optimizer_update", "first", "--replicas", "2"], 2, "pipeline stage 0 of 2, replica 1 of 2"),
     (4, ["pass_clock", "last", "--replicas", "2", "--schedule", "gpipe"], 3, "pipeline stage 1 of 2, replica 1 of 2"),
 ]
 
 
+def _id(scenario):
+    ranks, args = scenario[:2]
+    return "-".join([str(ranks)] + [a for a in args if not a.startswith("--")])
+
+
 @pytest.mark.multirank
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("ranks,args,failing_rank,stage", SCENARIOS,
-                         ids=["-".join([str(s[0])] + [a for a in s[1] if not a.startswith("--")]) for s in SCENARIOS])
+@pytest.mark.parametrize("ranks,args,failing_rank,stage",
+                         [pytest.param(*s, id=_id(s)) for s in SCENARIOS]
+                         + [pytest.param(*s, id=_id(s), marks=pytest.mark.extended) for s in EXTENDED])
 def test_a_failing_op_ends_the_job_at_once(ranks, args, failing_rank, stage):
     result = run_ranks(ranks, PROGRAM, args=args, timeout=ENDS_WITHIN, env=ENV)
     assert result.returncode != 0, result.describe()

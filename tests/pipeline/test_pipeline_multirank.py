@@ -18,15 +18,15 @@ def check_all_ranks(result, ranks, checks):
     result.assert_printed(checks, range(ranks))
 
 
-def _against_serial(name, ranks, saves):
+def _against_serial(name, ranks, saves, marks=()):
     """PIPELINE's program `name`: check_against_serial.py with STAGES [--save=DIR] [--data-parallel]
     [--deterministic] (tests/launches.py)."""
-    return pytest.param(name, ranks, saves, marks=PIPELINE.marks(name), id=name)
+    return pytest.param(name, ranks, saves, marks=[*PIPELINE.marks(name), *marks], id=name)
 
 
 @pytest.mark.parametrize("name,ranks,saves", [_against_serial("2-stages-deterministic", 2, True),
                                               _against_serial("2-stages-x-2-replicas-deterministic", 4, False),
-                                              _against_serial("4-stages", 4, True)])
+                                              _against_serial("4-stages", 4, True, [pytest.mark.extended])])
 def test_pipelined_training_matches_serial_keras(name, ranks, saves):
     result = PIPELINE.run(name, ranks).check()
     checks = TRAINING_CHECKS + (["save writes one keras file; load_model pipelines it"] if saves else [])

@@ -16,8 +16,9 @@ STEPS = 4
 
 @pytest.mark.multirank
 @pytest.mark.timeout(270)
-@pytest.mark.parametrize("mode", ["overlap", "no_overlap", "sharded", "sharded_gradients",
-                                  "sharded_gradients_no_overlap", "sharded_weights"])
+@pytest.mark.parametrize("mode", ["overlap", "no_overlap", "sharded", "sharded_weights",
+                                  *(pytest.param(mode, marks=pytest.mark.extended)   # tests/conftest.py's tiers
+                                    for mode in ("sharded_gradients", "sharded_gradients_no_overlap"))])
 def test_two_rank_fit_writes_one_merged_trace(tmp_path, mode):
     target = tmp_path / "trace.json"
     result = run_ranks(2, PROGRAM, args=[mode], timeout=240, launcher_args=["--timeline", str(target)]).check()
