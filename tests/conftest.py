@@ -9,11 +9,12 @@ from tests.shared_launch import MARKER
 # On a 2-core machine without AVX-512 the whole suite took 1:55 h (results/test_suite/README.md, stop 54), and CI
 # allows 90 minutes. A test marked `extended` is one whose behaviour a default-tier test already shows on a
 # cheaper configuration: the same program at 4 ranks where 2 and 3 run by default (4 ranks on 2 cores cost
-# twice 2 ranks, and 3 already divides unevenly), a further fault or defect of a kind whose first case runs,
-# the across-hosts variant of a check that runs on one host. `pytest` runs the default tier (the README's
-# test command, CI's); `pytest --extended` runs both tiers; `-m extended` alone selects the extended tier.
-# Deselected, not skipped: pytest's summary counts them as "deselected", and a shared launch does not start
-# the rank counts that only extended tests read.
+# twice 2 ranks, and 3 already divides unevenly), a further fault, input or planted defect of a kind whose
+# first case runs, the across-hosts (or one-node) variant of a check that runs in the other setting. `pytest`
+# runs the default tier (the README's test command, CI's); `pytest --extended` runs both tiers; `-m extended`
+# alone selects the extended tier. Deselected, not skipped: pytest's summary counts them as "deselected" (a
+# test named on the command line is deselected too: add --extended), and a shared launch does not start the
+# rank counts that only extended tests read.
 
 
 def pytest_addoption(parser):
