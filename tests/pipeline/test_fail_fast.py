@@ -24,7 +24,7 @@ SCENARIOS = [
     (2, ["data_parallel_backward", "first"], 1, None),
     (4, ["optimizer_update", "first", "--replicas", "2"], 2, "pipeline stage 0 of 2, replica 1 of 2"),
 ]
-# More stages and replicas, the extended tier (Note [The suite's two tiers] in tests/conftest.py)
+# Further failure points, stages and replicas: the extended tier (Note [The suite's two tiers] in tests/conftest.py)
 EXTENDED = [
     (2, ["weight_pass", "first", "--schedule", "gpipe"], 0, "pipeline stage 0 of 2"),
     (2, ["pass_clock", "first"], 0, "pipeline stage 0 of 2"),
