@@ -11,8 +11,9 @@ from tests.shared_launch import MARKER
 # cheaper configuration: the same program at 4 ranks where 2 and 3 run by default (4 ranks on 2 cores cost
 # twice 2 ranks, and 3 already divides unevenly), a further fault, input or planted defect of a kind whose
 # first case runs, the across-hosts (or one-node) variant of a check that runs in the other setting. `pytest`
-# runs the default tier (the README's test command, CI's); `pytest --extended` runs both tiers; `-m extended`
-# alone selects the extended tier. Deselected, not skipped: pytest's summary counts them as "deselected" (a
+# runs the default tier (the README's test command, CI's); `pytest --extended` runs both tiers; a -m expression
+# that names the marker decides alone (`-m extended`: the extended tier; any other -m, e.g. `-m multirank`,
+# selects within the default tier). Deselected, not skipped: pytest's summary counts them as "deselected" (a
 # test named on the command line is deselected too: add --extended), and a shared launch does not start the
 # rank counts that only extended tests read.
 
@@ -23,8 +24,8 @@ def pytest_addoption(parser):
 
 
 def _deselect_extended(config, items):
-    """Drop the extended tier unless --extended or a -m expression asks for it."""
-    if config.getoption("extended") or config.getoption("markexpr"):
+    """Drop the extended tier unless --extended or a -m expression that names it asks for it."""
+    if config.getoption("extended") or "extended" in (config.getoption("markexpr") or ""):
         return
     extended = [item for item in items if item.get_closest_marker("extended") is not None]
     if extended:
