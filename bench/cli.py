@@ -69,6 +69,11 @@ def _add_scaling(commands):
                         help="synthetic (default), jpeg (MLPerf's ResNet-50 input pipeline over a generated "
                              "ImageNet-like JPEG set), jpeg:DIR (its train-* TFRecord files) or tfds:NAME")
     parser.add_argument("--data-dir", help="TFDS data directory (default: TFDS_DATA_DIR or ~/tensorflow_datasets)")
+    parser.add_argument("--input-sharding", choices=("files", "after-decode"), default="files",
+                        help="with --data jpeg: files (default: each rank reads and decodes its own files, as MLPerf's "
+                             "reference and tarantella.data do), or after-decode (every rank decodes the whole "
+                             "global batch and keeps its micro-batch, as the original Tarantella's published "
+                             "ResNet-50 runs did: Note [Sharding after the decode] in bench/data/jpeg_pipeline.py)")
     parser.add_argument("--precision", choices=PRECISIONS, default="float32",
                         help="the Keras dtype policy to train at (MLPerf trains in mixed precision); recorded in "
                              "every row, and the simulation takes the cluster's stated speed at it. Default float32")
@@ -172,6 +177,10 @@ def _scaling(args, argv) -> int:
     entry = get_model_entry(args.model)
     counts = parse_device_counts(args.devices)
     _check_data(args.data, entry)
+    from bench.data import jpeg_pipeline
+    if args.input_sharding != "files" and not jpeg_pipeline.is_jpeg(args.data):
+        raise BenchUsageError(f"--input-sharding {args.input_sharding} needs --data jpeg (a pipeline that decodes); "
+                              f"--data is {args.data}")
     if args.data == "jpeg" and not args.simulate:   # made once, before any run is timed
         from bench.data import imagenet_like
         directory, description = imagenet_like.ensure_set()
@@ -185,6 +194,7 @@ def _scaling(args, argv) -> int:
         model=args.model, counts=counts, framework=args.framework, micro_batch=args.micro_batch,
         global_batch=args.global_batch, steps=args.steps, warmup_steps=args.warmup_steps,
         data=args.data, data_dir=args.data_dir, precision=args.precision, hostfile=args.hostfile,
+        input_sharding=args.input_sharding,
         npernode=args.npernode,
         launch_agent=args.launch_agent, network_interface=args.network_interface,
         oversubscribe=args.oversubscribe, simulate=args.simulate, cluster=args.cluster,
@@ -220,7 +230,7 @@ def _print_points(summary):
     points = summary["points"]
     bound = any(isinstance(point.get("bound_by"), str) for point in points)   # Note [Input-bound]
     print(f"{'devices':>7} {'kind':>22} {'step s':>9} {unit + '/s':>12} {'epoch min':>10} "
-          f"{'speedup':>8} {'effic.':>7}  " + (f"{'bound by':<24}" if bound else "") + "machine")
+          f"{'speedup':>8} {'effic.':>7}  " + (f"{'bound by':<30}" if bound else "") + "machine")
     notes = [_machine_note(point) for point in points]
     for point, note in zip(points, notes):
         kind = f"simulated {point['cluster']}" if point["simulated"] else (
@@ -229,7 +239,7 @@ def _print_points(summary):
                     if isinstance(point.get("bound_by"), str) else "")
         print(f"{point['devices']:>7} {kind:>22} {point['step_time_median_s']:>9.4f} "
               f"{point['throughput']:>12.1f} {point['epoch_time_min']:>10.2f} "
-              f"{point['speedup']:>8.2f} {point['efficiency']:>7.2f}  " + (f"{bound_by:<24}" if bound else "")
+              f"{point['speedup']:>8.2f} {point['efficiency']:>7.2f}  " + (f"{bound_by:<30}" if bound else "")
               + note)
     if any(note not in ("", "quiet") for note in notes):
         print(f"tnt-bench: a run marked 'not quiet' shared its machine with other work (the load average more than "

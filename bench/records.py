@@ -17,7 +17,8 @@ __all__ = ["RUN_COLUMNS", "derive_figures", "kind_of", "write_runs", "read_runs"
 
 RUN_COLUMNS = [
     "sweep", "model", "framework", "devices", "nodes", "devices_per_node", "simulated",
-    "cluster", "oversubscribed", "micro_batch", "global_batch", "scaling", "data", "precision",
+    "cluster", "oversubscribed", "micro_batch", "global_batch", "scaling", "data", "input_sharding",
+    "precision",
     "warmup_steps", "steps", "step_time_median_s", "step_time_mean_s", "step_time_min_s",
     "step_time_max_s", "step_time_std_s", "step_times_s", "throughput", "throughput_unit",
     "epoch_examples", "epoch_time_s", "epoch_time_min", "speedup", "efficiency", "speedup_baseline",

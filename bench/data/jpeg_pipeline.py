@@ -10,6 +10,18 @@ area 5-100 % and aspect ratio 3/4-4/3, the fused decode-and-crop, a bilinear res
 random left-right flip; then the channel means subtracted, here also divided by the deviations, as
 bench/data/tfds_source.py normalises). Each rank decodes only its own images: the work per rank is the
 micro-batch's, whatever the number of ranks.
+
+Note [Sharding after the decode]
+The original Tarantella's published ResNet-50 runs read ImageNet otherwise. Their script
+(cc-hpc-itwm/tarantella_models src/models/resnet at d77dbb2, 2020-12-02, the day before the figures'
+commit) batches a pipeline that decodes every image (the TensorFlow model garden's imagenet_preprocessing:
+interleave, map(parse_record), batch(global batch), prefetch) and hands it to tnt.Model.fit, which
+distributes it (src/tarantella/datasets/distributed_dataset.py at 3c43973): the user's transformations are
+applied again on every rank, the batches are cut into micro-batches, and only then sharded,
+dataset.shard(num_ranks, rank). tf.data computes what a shard skips, so every rank reads and decodes the
+whole global batch, N micro-batches, to keep one: the input work per rank grows with N. decoded_ranks=K
+builds that pipeline as rank `rank % K` of K ranks runs it (all files, shard after batch), so one process
+can measure what one of K ranks decodes; 0 is the reference's own sharding by files.
 """
 from __future__ import annotations
 
@@ -79,10 +91,11 @@ def parse_and_preprocess(record, image_size: int, channels: int = 3):
 
 
 def rank_dataset(files: list[str], rank: int, ranks: int, micro_batch: int, image_size: int, channels: int = 3,
-                 num_classes: int = 1000, seed: int | None = None):
-    """This rank's endless stream of micro-batches (images, labels) from its own files."""
+                 num_classes: int = 1000, seed: int | None = None, decoded_ranks: int = 0):
+    """This rank's endless stream of micro-batches (images, labels) from its own files, or with decoded_ranks=K
+    from every file, decoding K micro-batches for each one kept (Note [Sharding after the decode])."""
     import tensorflow as tf
-    mine = files_of_rank(files, rank, ranks)
+    mine = files if decoded_ranks else files_of_rank(files, rank, ranks)
 
     def example(record):
         image, label = parse_and_preprocess(record, image_size, channels)
@@ -93,4 +106,5 @@ def rank_dataset(files: list[str], rank: int, ranks: int, micro_batch: int, imag
                         num_parallel_calls=tf.data.AUTOTUNE)
             .shuffle(_SHUFFLE_BUFFER, seed=seed).repeat()
             .map(example, num_parallel_calls=tf.data.AUTOTUNE)
-            .batch(micro_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+            .batch(micro_batch, drop_remainder=True)
+            .shard(max(decoded_ranks, 1), rank % max(decoded_ranks, 1)).prefetch(tf.data.AUTOTUNE))

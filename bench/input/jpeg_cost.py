@@ -41,17 +41,18 @@ def pipeline_alone(files: list[str], image_size: int, threads: int, batches: int
     return 1000.0 * threads * seconds_per_batch(dataset, batches) / MICRO_BATCH
 
 
-def training_step(data: str, steps: int) -> dict:
+def training_step(data: str, steps: int, decode_for_ranks: int = 0) -> dict:
     """Median step and input alone of resnet50_small at 1 rank (bench/programs/train_benchmark.py)."""
     from bench.launched_run import run_launched
     from bench.programs.result_line import parse_result_line
     command = [sys.executable, "-m", "tarantella.launcher", "-n", "1", "--", PROGRAM, "--model", "resnet50_small",
-               "--global-batch", str(MICRO_BATCH), "--steps", str(steps), "--warmup-steps", "2", "--data", data]
+               "--global-batch", str(MICRO_BATCH), "--steps", str(steps), "--warmup-steps", "2", "--data", data,
+               "--decode-for-ranks", str(decode_for_ranks)]
     done = run_launched(command, 900)
     if done.returncode != 0:
         raise SystemExit(f"bench.input.jpeg_cost: {' '.join(command)} failed:\n{done.stderr[-3000:]}")
     result = parse_result_line(done.stdout)
-    return {"data": data, "step_s": statistics.median(result["step_times_s"]),
+    return {"data": data, "decode_for_ranks": decode_for_ranks, "step_s": statistics.median(result["step_times_s"]),
             "input_alone_s": result.get("input_alone_s"), "threads_per_rank": result["threads_per_rank"],
             "load_average_1m": result.get("load_average_1m")}
 

@@ -34,6 +34,9 @@ def _parse(argv):
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--data", default="synthetic", help="synthetic, jpeg, jpeg:DIR or tfds:NAME")
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--decode-for-ranks", type=int, default=0, metavar="K",
+                        help="--data jpeg: decode K micro-batches per one kept, as the original Tarantella's sharding "
+                             "after the decode did on K ranks (Note [Sharding after the decode]); 0: own files")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--precision", choices=PRECISIONS, default="float32",
                         help="the Keras dtype policy (set before the model is built)")
@@ -62,7 +65,9 @@ def _dataset(entry, args, batch, rank, ranks):
     if jpeg_pipeline.is_jpeg(args.data):
         files = jpeg_pipeline.train_files(_jpeg_directory(args.data))
         return jpeg_pipeline.rank_dataset(files, rank, ranks, args.global_batch // ranks, entry.image_size,
-                                          entry.channels, entry.num_classes, seed=args.seed + rank)
+                                          entry.channels, entry.num_classes,
+                                          seed=args.seed + (0 if args.decode_for_ranks else rank),
+                                          decoded_ranks=args.decode_for_ranks)
     from bench.data.tfds_source import tfds_dataset
     name = args.data.split(":", 1)[1]
     examples = tfds_dataset(name, entry, "train", training=True, data_dir=args.data_dir)

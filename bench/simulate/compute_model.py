@@ -75,18 +75,20 @@ def _measuring_machine() -> ClusterProfile:  # read once, not per simulated devi
     return load_cluster_profile("this_machine")
 
 
-def _input_s(cluster: ClusterProfile, micro_batch: int, ranks_on_node: int, cores: float) -> float:
+def _input_s(cluster: ClusterProfile, decoded: int, ranks_on_node: int, cores: float) -> float:
     if not cluster.input_core_s_per_example:
         return 0.0
     feeding = cores if cluster.kind == "cpu" else cluster.input_cores_per_node / ranks_on_node
-    return cluster.input_core_s_per_example * micro_batch / max(feeding, 1e-9)
+    return cluster.input_core_s_per_example * decoded / max(feeding, 1e-9)
 
 
 def rank_compute(profile: dict, cluster: ClusterProfile, micro_batch: int, devices: int,
                  real_data: bool = False, precision: str = "float32",
-                 measuring: ClusterProfile | None = None) -> RankCompute:
+                 measuring: ClusterProfile | None = None, shard_after_decode: bool = False) -> RankCompute:
     """One rank's mean compute per step when `devices` ranks run on `cluster` at `precision` (Note [Precision
-    of a simulated device]; `measuring`: the profile of the machine the model profile was measured on)."""
+    of a simulated device]; `measuring`: the profile of the machine the model profile was measured on). With
+    real data a rank decodes its micro-batch, or with shard_after_decode the whole global batch (Note [Sharding
+    after the decode] in bench/data/jpeg_pipeline.py)."""
     ranks_on_node = cluster.ranks_sharing(devices)
     cores = cluster.rank_cores(ranks_on_node) if cluster.kind == "cpu" else 1.0
     published = cluster.model_steps.get(profile["model"])
@@ -100,6 +102,7 @@ def rank_compute(profile: dict, cluster: ClusterProfile, micro_batch: int, devic
     step /= cluster.speed_at(precision)
     measured = profile["forward_s"] + profile["backward_s"] + profile["update_s"]
     scale = step / measured if measured > 0 else 0.0
-    input_s = _input_s(cluster, micro_batch, ranks_on_node, cores) if real_data else 0.0
+    decoded = micro_batch * (devices if shard_after_decode else 1)
+    input_s = _input_s(cluster, decoded, ranks_on_node, cores) if real_data else 0.0
     return RankCompute(profile["forward_s"] * scale, profile["backward_s"] * scale,
                        profile["update_s"] * scale, input_s, source)

@@ -20,10 +20,11 @@ def check_cluster_capacity(counts: list[int], cluster: ClusterProfile) -> None:
 
 
 def simulated_row(profile: dict, cluster: ClusterProfile, devices: int, micro_batch: int,
-                  exchange_gradients: bool = True, real_data: bool = False, precision: str = "float32") -> dict:
+                  exchange_gradients: bool = True, real_data: bool = False, precision: str = "float32",
+                  shard_after_decode: bool = False) -> dict:
     """A runs.csv row for `devices` ranks of `cluster` at `precision` (figures derived later)."""
-    prediction = predict_step(profile, cluster, micro_batch, devices,
-                              exchange_gradients=exchange_gradients, real_data=real_data, precision=precision)
+    prediction = predict_step(profile, cluster, micro_batch, devices, exchange_gradients=exchange_gradients,
+                              real_data=real_data, precision=precision, shard_after_decode=shard_after_decode)
     nodes = math.ceil(devices / cluster.devices_per_node)
     return {
         "devices": devices, "nodes": nodes, "devices_per_node": min(devices, cluster.devices_per_node),

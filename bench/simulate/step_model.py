@@ -9,7 +9,9 @@ nothing is fitted to a scaling curve.
                  (bench/simulate/stragglers.py)
     input        the input pipeline's per-example cost: on a gpu node it runs on the host
                  cores beside the device (prefetch hides it unless it is the longer), on a
-                 cpu node it takes the rank's own cores (added)
+                 cpu node it takes the rank's own cores (added: measured so on 2 cores,
+                 results/input_cost/README.md); a rank decodes its micro-batch, or the whole
+                 global batch where the ranks shard after the decode (the original's runs)
     buckets      the reducer (csrc/engine/fused_reducer.hpp) lays gradients out in the
                  order backprop produces them and closes a bucket once it holds at least
                  the fusion threshold; its progress thread reduces buckets one at a time
@@ -122,8 +124,10 @@ class RankPhases:
 
 
 def rank_phases(profile: dict, cluster: ClusterProfile, micro_batch: int, devices: int, algorithm: str,
-                real_data: bool, global_statistics: bool, precision: str) -> RankPhases:
-    rank = rank_compute(profile, cluster, micro_batch, devices, real_data, precision)
+                real_data: bool, global_statistics: bool, precision: str,
+                shard_after_decode: bool = False) -> RankPhases:
+    rank = rank_compute(profile, cluster, micro_batch, devices, real_data, precision,
+                        shard_after_decode=shard_after_decode)
     factor = straggler_factor(straggler_cv(profile, cluster), devices)
     forward, backward, update = rank.forward_s * factor, rank.backward_s * factor, rank.update_s * factor
     if cluster.kind == "cpu":
@@ -141,13 +145,14 @@ def rank_phases(profile: dict, cluster: ClusterProfile, micro_batch: int, device
 def predict_step(profile: dict, cluster: ClusterProfile, micro_batch: int, devices: int,
                  algorithm: str | None = None, exchange_gradients: bool = True,
                  real_data: bool = False, global_batch_norm: bool = True,
-                 precision: str = "float32") -> StepPrediction:
+                 precision: str = "float32", shard_after_decode: bool = False) -> StepPrediction:
     """The step time; exchange_gradients=False for the keras baseline, whose ranks share nothing;
-    global_batch_norm=False for batch_norm="local"."""
+    global_batch_norm=False for batch_norm="local"; shard_after_decode: every rank decodes the global batch
+    (Note [Sharding after the decode] in bench/data/jpeg_pipeline.py)."""
     algorithm = algorithm or cluster.algorithm
     exchanging = exchange_gradients and devices > 1
     phases = rank_phases(profile, cluster, micro_batch, devices, algorithm, real_data,
-                         exchanging and global_batch_norm, precision)
+                         exchanging and global_batch_norm, precision, shard_after_decode)
     forward, backward, update = phases.forward_s, phases.backward_s, phases.update_s
     statistics_forward, statistics_backward = phases.statistics_forward_s, phases.statistics_backward_s
     rank, factor, statistics = phases.rank, phases.straggler_factor, phases.statistics_allreduces

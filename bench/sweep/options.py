@@ -16,6 +16,7 @@ class SweepOptions:
     steps: int = 10
     warmup_steps: int = 2
     data: str = "synthetic"
+    input_sharding: str = "files"       # --data jpeg: "files" (each rank its own) or "after-decode" (the original's)
     precision: str = "float32"          # the Keras dtype policy the model trains (and is simulated) at
     data_dir: str | None = None
     hostfile: str | None = None

@@ -49,6 +49,8 @@ def launch_command(options: SweepOptions, devices: int, micro_batch: int,
                 "--data", options.data, "--seed", str(options.seed), "--precision", options.precision]
     if options.data_dir:
         command += ["--data-dir", options.data_dir]
+    if options.input_sharding == "after-decode":   # Note [Sharding after the decode]
+        command += ["--decode-for-ranks", str(devices)]
     if profile_out:
         command += ["--profile-out", profile_out]
     if fault:

@@ -64,6 +64,7 @@ def complete_row(row: dict, options: SweepOptions, entry, epoch_examples: int, c
     for key, value in common.items():
         row.setdefault(key, value)
     row.setdefault("data", options.data)
+    row.setdefault("input_sharding", options.input_sharding if options.data != "synthetic" else "")
     row.setdefault("warmup_steps", 0 if row["simulated"] else options.warmup_steps)
     row.setdefault("steps", 0 if row["simulated"] else options.steps)
     examples_per_s = row["global_batch"] / row["step_time_median_s"]
@@ -117,7 +118,8 @@ def simulate_rows(options, entry, profile, cluster, counts):
         # The keras baseline exchanges no gradients, so its prediction has no communication.
         row = simulated_row(profile, cluster, count, options.micro_batch_for(count, entry.default_micro_batch),
                             exchange_gradients=options.framework == "tnt", real_data=options.data != "synthetic",
-                            precision=options.precision)
+                            precision=options.precision,
+                            shard_after_decode=options.input_sharding == "after-decode")
         row["command"] = options.command
         rows.append(row)
     return rows

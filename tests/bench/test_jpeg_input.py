@@ -65,6 +65,18 @@ def test_the_pipeline_yields_normalised_random_crops_at_the_models_size(small_se
         assert abs(float(np.mean(images))) < 2.0 and 0.05 < float(np.std(images)) < 3.0
 
 
+def test_sharding_after_the_decode_keeps_one_of_k_micro_batches_of_every_file(small_set):
+    """Note [Sharding after the decode]: ranks 0 and 1 of 2 read the same decoded stream, alternate
+    micro-batches each; the labels say which images a micro-batch holds."""
+    files = jpeg_pipeline.train_files(small_set[0])
+    whole = jpeg_pipeline.rank_dataset(files, 0, 1, 2, 16, 3, num_classes=1000, seed=0, decoded_ranks=1)
+    shares = [jpeg_pipeline.rank_dataset(files, rank, 2, 2, 16, 3, num_classes=1000, seed=0, decoded_ranks=2)
+              for rank in range(2)]
+    stream = [labels.numpy().tolist() for _, labels in whole.take(4)]
+    kept = [[labels.numpy().tolist() for _, labels in share.take(2)] for share in shares]
+    assert kept == [stream[0::2], stream[1::2]]
+
+
 def test_the_input_bound_verdict_is_the_stated_share():
     assert input_fields(None, 1.0) == {}
     assert input_fields(0.6, 1.0)["bound_by"] == "input" and INPUT_BOUND_SHARE == 0.5
@@ -74,6 +86,7 @@ def test_the_input_bound_verdict_is_the_stated_share():
 @pytest.mark.parametrize("argv, message", [
     (["--model", "transformer_tiny", "--data", "jpeg"], "feeds image models"),
     (["--model", "resnet_tiny", "--data", "jpeg:/no/such/dir"], "no such directory"),
+    (["--model", "resnet_tiny", "--input-sharding", "after-decode"], "needs --data jpeg"),
 ])
 def test_bad_data_is_one_line(run_cli, argv, message):
     code, _, err = run_cli("scaling", "--devices", "1", *argv)

@@ -167,6 +167,20 @@ def test_input_pipeline_cost():
     assert slow.step_s == pytest.approx(0.4)               # 400 ms of input: it sets the pace
 
 
+def test_a_rank_that_shards_after_the_decode_decodes_the_global_batch():
+    """Note [Sharding after the decode]: the original's ranks each decode N micro-batches to keep one."""
+    cpu = dataclasses.replace(load_cluster_profile("supermuc_ng"), input_core_s_per_example=0.001, straggler_cv=0.0)
+    profile = fake_profile()
+    profile["threads"] = 2
+    own = predict_step(profile, cpu, 8, 64, real_data=True)
+    after = predict_step(profile, cpu, 8, 64, real_data=True, shard_after_decode=True)
+    assert own.input_s == pytest.approx(8 * 0.001 / 12)           # 4 ranks a node: 12 cores feed each
+    assert after.input_s == pytest.approx(64 * 8 * 0.001 / 12)    # 64 micro-batches decoded for one kept
+    assert predict_step(profile, cpu, 8, 1, real_data=True, shard_after_decode=True).input_s == pytest.approx(
+        predict_step(profile, cpu, 8, 1, real_data=True).input_s)   # alone, the same pipeline
+    assert predict_step(profile, cpu, 8, 64, shard_after_decode=True).input_s == 0.0   # synthetic: nothing decoded
+
+
 def test_weak_and_strong_scaling_and_published_throughput():
     cluster = load_cluster_profile("hpc_da")
     profile = fake_profile(model="resnet50")
