@@ -13,7 +13,7 @@ import json
 import os
 
 __all__ = ["RUN_COLUMNS", "derive_figures", "kind_of", "write_runs", "read_runs", "write_summary",
-           "read_summary"]
+           "read_summary", "write_measurement"]
 
 RUN_COLUMNS = [
     "sweep", "model", "framework", "devices", "nodes", "devices_per_node", "simulated",
@@ -98,6 +98,18 @@ def write_raw_and_table(directory: str, raw: list[dict], context: dict, table: s
         handle.write(f"Machine: {json.dumps(context['machine'])}\nSource: {json.dumps(context['source'])}\n\n")
         handle.write(preface)
         handle.write(table)
+
+
+def write_measurement(directory: str, name: str, record: dict) -> str:
+    """DIRECTORY/NAME: a measuring tool's `record` with the machine, versions and commit it ran on."""
+    from tarantella._provenance import describe_machine, describe_software, describe_source
+    record = dict(record, machine=describe_machine(), software=describe_software(), source=describe_source())
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    with open(path, "w") as handle:
+        json.dump(record, handle, indent=2)
+    print(f"wrote {path}")
+    return path
 
 
 def read_summary(directory: str) -> dict:

@@ -23,12 +23,11 @@ the original's published runs (TensorFlow 2.2) among them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 
-from tarantella._provenance import describe_machine, describe_software, describe_source
+from bench.records import write_measurement
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = os.path.join(REPO_ROOT, "bench", "programs", "train_benchmark.py")
@@ -95,13 +94,8 @@ def main(argv=None) -> int:
         print(f"  median serial fraction {fraction:.4f}; efficiency on 12 / 48 cores (Amdahl): "
               f"{settings[-1]['efficiency']['12']:.2f} / {settings[-1]['efficiency']['48']:.2f}", flush=True)
     command = "python -m bench.serial_fraction " + " ".join(argv if argv is not None else sys.argv[1:])
-    record = {"model": args.model, "micro_batch": args.micro_batch, "settings": settings, "command": command,
-              "machine": describe_machine(), "software": describe_software(), "source": describe_source()}
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"{args.model}_mb{args.micro_batch}.json")
-    with open(path, "w") as handle:
-        json.dump(record, handle, indent=2)
-    print(f"wrote {path}")
+    write_measurement(args.out, f"{args.model}_mb{args.micro_batch}.json", {
+        "model": args.model, "micro_batch": args.micro_batch, "settings": settings, "command": command})
     return 0
 
 

@@ -18,13 +18,12 @@ Writes OUT/shared_cores.json with machine, versions, commit and load averages.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 
 from bench.input.jpeg_cost import training_step
-from tarantella._provenance import describe_machine, describe_software, describe_source
+from bench.records import write_measurement
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -67,14 +66,9 @@ def main(argv=None) -> int:
         table.append(f"| {ranks} | {compute:.3f} s | {read:.3f} s | {step:.3f} s | {max(compute, read):.3f} s | "
                      f"{compute + read:.3f} s | {between_max_and_sum(compute, read, step):.2f} |")
     print("\n".join(table))
-    record = {"rows": rows, "table": table, "command": "python -m bench.input.shared_cores " +
-              " ".join(argv if argv is not None else sys.argv[1:]), "machine": describe_machine(),
-              "software": describe_software(), "source": describe_source()}
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "shared_cores.json")
-    with open(path, "w") as handle:
-        json.dump(record, handle, indent=2)
-    print(f"wrote {path}")
+    write_measurement(args.out, "shared_cores.json", {
+        "rows": rows, "table": table,
+        "command": "python -m bench.input.shared_cores " + " ".join(argv if argv is not None else sys.argv[1:])})
     return 0
 
 
