@@ -48,11 +48,13 @@ def median_step(model: str, micro_batch: int, cores: int, onednn: bool, steps: i
     """The benchmark program at 1 rank on `cores` of this machine's cores (one thread per core)."""
     from bench.launched_run import run_launched
     from bench.programs.result_line import parse_result_line
-    environ = [f"{name}={cores}" for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")]
+    environ = [f"{name}={cores}"
+               for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")]
     cpus = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0))[:cores])
-    command = ["env", *environ, f"TF_ENABLE_ONEDNN_OPTS={int(onednn)}", "taskset", "-c", cpus, sys.executable, "-m", "tarantella.launcher", "-n", "1", "--", PROGRAM,
-               "--model", model, "--global-batch", str(micro_batch), "--steps", str(steps),
-               "--warmup-steps", str(warmup), "--data", "synthetic"]
+    command = ["env", *environ, f"TF_ENABLE_ONEDNN_OPTS={int(onednn)}", "taskset", "-c", cpus, sys.executable,
+               "-m", "tarantella.launcher", "-n", "1", "--", PROGRAM, "--model", model,
+               "--global-batch", str(micro_batch), "--steps", str(steps), "--warmup-steps", str(warmup),
+               "--data", "synthetic"]
     load = os.getloadavg()[0]
     done = run_launched(command, 3600)
     if done.returncode != 0:

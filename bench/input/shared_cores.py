@@ -56,8 +56,8 @@ def main(argv=None) -> int:
             print(f"K {ranks:3d}: model alone {alone['step_s']:.3f} s, input alone {read['input_alone_s']:.3f} s, "
                   f"step {read['step_s']:.3f} s (between max and sum: {rows[-1]['between_max_and_sum']:.2f})",
                   flush=True)
-    table = ["| K | model alone | input alone | step | max(model, input) | model + input | between max (0) and sum (1) |",
-             "|---|---|---|---|---|---|---|"]
+    table = ["| K | model alone | input alone | step | max(model, input) | model + input "
+             "| between max (0) and sum (1) |", "|---|---|---|---|---|---|---|"]
     for ranks in args.ranks:
         mine = [row for row in rows if row["decode_for_ranks"] == ranks]
         compute = statistics.median(row["compute_s"] for row in mine)
