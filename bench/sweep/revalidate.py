@@ -73,6 +73,7 @@ def revalidate(directory: str, cluster_name: str, command: str = "") -> dict:
     weak = first["scaling"] == "weak"
     options = SweepOptions(model=first["model"], counts=[int(r["devices"]) for r in measured],
                            framework=first["framework"], command=command, data=first["data"],
+                           input_sharding="after-decode" if first.get("input_sharding") == "after-decode" else "files",
                            micro_batch=int(first["micro_batch"]) if weak else None,
                            global_batch=None if weak else int(first["global_batch"]))
     common = {key: first[key] for key in _SWEEP_KEYS}
